@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything libgtp needs to build and test, and says what it did. Safe to run again.
+set -euo pipefail
+
+packages=(
+  bazel-bootstrap      # Bazel 4.2.3, runs offline (WORKSPACE mode)
+  g++                  # host compiler, also used by nvcc
+  python3              # test summary, peer scripts
+  libhwloc-dev         # topology discovery
+  libucx-dev           # host transport and bootstrap
+  nlohmann-json3-dev   # profiles and records
+  libgtest-dev         # unit tests
+  libbenchmark-dev     # microbenchmarks
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#packages[@]} packages already installed: ${packages[*]}"
+else
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: installed ${missing[*]}"
+fi
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "setup: CUDA toolkit found: $(/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1)"
+else
+  echo "setup: ERROR: no CUDA toolkit at /usr/local/cuda (nvcc is needed to compile the kernels;" \
+       "install the CUDA toolkit there, it is not a Debian package)" >&2
+  exit 1
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  echo "setup: GPU present: $(nvidia-smi -L | head -n 1)"
+else
+  echo "setup: no GPU on this machine: GPU tests will skip, benchmarks use the CPU reference path"
+fi

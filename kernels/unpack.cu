@@ -1,0 +1,273 @@
+// Unpack kernels: gathered chunks -> the BF16 weight, or the GEMM-ready layout. Each pass maps
+// output rows to (chunk, local row), which de-interleaves the chunks and strips the padding, and
+// moves the block scales into whole-weight arrays in the same pass.
+#include <cuda_runtime.h>
+
+#include "kernels/cuda_kernels.h"
+#include "kernels/internal/device_io.cuh"
+
+namespace gtp::kernels {
+namespace {
+
+using namespace device;
+using namespace codec;
+
+struct Chunks {
+  const uint8_t* base;
+  int64_t chunk_bytes;
+  int64_t shard_rows;
+  int64_t cols;
+  int64_t scales_offset;
+  int64_t scalars_offset;
+  __device__ const uint8_t* chunk_of(int64_t r) const { return base + (r / shard_rows) * chunk_bytes; }
+  __device__ float decode_scale(const uint8_t* chunk) const {
+    return *reinterpret_cast<const float*>(chunk + scalars_offset + kDecodeScale * sizeof(float));
+  }
+};
+
+__device__ __forceinline__ void store_bf16x16(uint16_t* out, const float* v) {
+  uint4 a, b;
+  a.x = pack_bf16x2(v[0], v[1]);
+  a.y = pack_bf16x2(v[2], v[3]);
+  a.z = pack_bf16x2(v[4], v[5]);
+  a.w = pack_bf16x2(v[6], v[7]);
+  b.x = pack_bf16x2(v[8], v[9]);
+  b.y = pack_bf16x2(v[10], v[11]);
+  b.z = pack_bf16x2(v[12], v[13]);
+  b.w = pack_bf16x2(v[14], v[15]);
+  reinterpret_cast<uint4*>(out)[0] = a;
+  reinterpret_cast<uint4*>(out)[1] = b;
+}
+
+// One thread per 16 output elements of a row. Format is a template parameter so each kernel
+// carries only its own decode.
+template <WireFormat kFormat>
+__global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, int64_t rows, bool blocks_2d) {
+  const int64_t groups = rows * in.cols / 16;
+  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = g * 16, r = e / in.cols, c = e % in.cols;
+    const uint8_t* chunk = in.chunk_of(r);
+    const int64_t local = r % in.shard_rows;
+    float v[16];
+    if (kFormat == WireFormat::kFP8 || kFormat == WireFormat::kMXFP8) {
+      const uint4 codes = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols + c));
+      const float scale =
+          kFormat == WireFormat::kFP8
+              ? in.decode_scale(chunk)
+              : e8m0_to_float(chunk[in.scales_offset + local * (in.cols / 32) + c / 32]);
+      const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        v[k] = e4m3_to_float(static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)))) * scale;
+    } else {  // NVFP4
+      const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
+      const int64_t scale_index = blocks_2d ? (local / 16) * (in.cols / 16) + c / 16
+                                            : local * (in.cols / 16) + c / 16;
+      const uint8_t block_scale = chunk[in.scales_offset + scale_index];
+      const float decode = in.decode_scale(chunk);
+      const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        v[k] = nvfp4_decode(static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf),
+                            block_scale, decode);
+    }
+    store_bf16x16(out + e, v);
+  }
+}
+
+__global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* decode_scales) {
+  for (int64_t g = threadIdx.x; g < group_size; g += blockDim.x)
+    decode_scales[g] = in.decode_scale(in.base + g * in.chunk_bytes);
+}
+
+// FP8 GEMM layout: 64x64-byte tiles, copied row-major and, when asked, transposed through shared
+// memory so both outputs are written with 16-byte stores.
+__global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
+                                       uint8_t* data_t) {
+  __shared__ __align__(16) uint8_t tile[64][80];  // 16 bytes of row padding spreads the banks
+  const int64_t tiles_c = (in.cols + 63) / 64;
+  const int64_t tile_r0 = (blockIdx.x / tiles_c) * 64, tile_c0 = (blockIdx.x % tiles_c) * 64;
+  const int row = threadIdx.x / 4, segment = threadIdx.x % 4;
+  const int64_t r = tile_r0 + row, c = tile_c0 + segment * 16;
+  if (r < gemm_rows && c < in.cols) {
+    const uint4 v = __ldg(
+        reinterpret_cast<const uint4*>(in.chunk_of(r) + (r % in.shard_rows) * in.cols + c));
+    *reinterpret_cast<uint4*>(data + r * in.cols + c) = v;
+    *reinterpret_cast<uint4*>(&tile[row][segment * 16]) = v;
+  }
+  if (data_t == nullptr) return;
+  __syncthreads();
+  // Thread -> (output row = weight column, 16 consecutive weight rows).
+  const int col = threadIdx.x / 4;
+  const int64_t tc = tile_c0 + col, tr = tile_r0 + segment * 16;
+  if (tc < in.cols && tr < gemm_rows) {
+    uint32_t words[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      words[w] = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        words[w] |= static_cast<uint32_t>(tile[segment * 16 + w * 4 + k][col]) << (8 * k);
+    }
+    *reinterpret_cast<uint4*>(data_t + tc * gemm_rows + tr) =
+        make_uint4(words[0], words[1], words[2], words[3]);
+  }
+}
+
+// MXFP8 GEMM layout: a thread per 32-element block copies its codes and its scale.
+__global__ void unpack_mxfp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
+                                         uint8_t* scales) {
+  const int64_t per_row = in.cols / 32;
+  const int64_t blocks = gemm_rows * per_row;
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = b / per_row, j = b % per_row;
+    const uint8_t* chunk = in.chunk_of(r);
+    const int64_t local = r % in.shard_rows;
+    const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols + j * 32);
+    uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols + j * 32);
+    dst[0] = __ldg(src);
+    dst[1] = __ldg(src + 1);
+    scales[b] = chunk[in.scales_offset + local * per_row + j];
+  }
+}
+
+// NVFP4 GEMM layout, 1D blocks or 2D without transpose: a thread per 16-element block.
+__global__ void unpack_nvfp4_gemm_kernel(Chunks in, int64_t gemm_rows, bool blocks_2d,
+                                         uint8_t* data, uint8_t* scales) {
+  const int64_t per_row = in.cols / 16;
+  const int64_t blocks = gemm_rows * per_row;
+  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
+       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = b / per_row, j = b % per_row;
+    const uint8_t* chunk = in.chunk_of(r);
+    const int64_t local = r % in.shard_rows;
+    reinterpret_cast<uint2*>(data)[b] =
+        __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2 + j * 8));
+    if (!blocks_2d) {
+      scales[b] = chunk[in.scales_offset + local * per_row + j];
+    } else if (r % 16 == 0) {
+      scales[(r / 16) * per_row + j] = chunk[in.scales_offset + (local / 16) * per_row + j];
+    }
+  }
+}
+
+// NVFP4 2D with the exact transpose: a half-warp per 16x16 tile; lane i holds row i, and the
+// nibbles are transposed through shared memory so lane j writes transposed row j.
+__global__ void unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
+                                                 uint8_t* scales, uint8_t* data_t,
+                                                 uint8_t* scales_t) {
+  __shared__ uint8_t nibbles[kThreads / 16][16][17];
+  const int64_t tiles_per_row = in.cols / 16;
+  const int64_t tiles = (gemm_rows / 16) * tiles_per_row;
+  const int half_warp = threadIdx.x / 16, lane = threadIdx.x % 16;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
+  // All 16 lanes of a half-warp share the loop bound, so __syncwarp sees them all.
+  for (int64_t tile = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 16;
+       tile < tiles; tile += stride) {
+    const int64_t tr = tile / tiles_per_row, tc = tile % tiles_per_row;
+    const int64_t r = tr * 16 + lane, c = tc * 16;
+    const uint8_t* chunk = in.chunk_of(r);
+    const int64_t local = r % in.shard_rows;
+    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
+    *reinterpret_cast<uint2*>(data + (r * in.cols + c) / 2) = codes;
+    if (lane == 0) {
+      const uint8_t s = chunk[in.scales_offset + (local / 16) * tiles_per_row + tc];
+      scales[tr * tiles_per_row + tc] = s;
+      scales_t[tc * (gemm_rows / 16) + tr] = s;
+    }
+    const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      nibbles[half_warp][lane][k] = static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf);
+    __syncwarp(0xffffu << (16 * (half_warp % 2)));
+    uint32_t out[2] = {0u, 0u};
+#pragma unroll
+    for (int k = 0; k < 16; ++k)
+      out[k / 8] |= static_cast<uint32_t>(nibbles[half_warp][k][lane]) << (4 * (k % 8));
+    *reinterpret_cast<uint2*>(data_t + (c + lane) * (gemm_rows / 2) + tr * 8) =
+        make_uint2(out[0], out[1]);
+    __syncwarp(0xffffu << (16 * (half_warp % 2)));
+  }
+}
+
+Chunks chunks_of(const GatheredChunks& in, const ChunkLayout& l) {
+  return Chunks{static_cast<const uint8_t*>(in.chunks), l.chunk_bytes, l.shard_rows, l.cols,
+                l.scales_offset, l.scalars_offset};
+}
+
+}  // namespace
+
+void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
+                 int64_t out_capacity, cudaStream_t stream) {
+  const ChunkLayout l = validate_unpack(spec, in, out_bf16, out_capacity);
+  const int64_t rows = in.geometry.rows;
+  const int64_t groups = rows * l.cols / 16;
+  auto* out = static_cast<uint16_t*>(out_bf16);
+  const Chunks c = chunks_of(in, l);
+  switch (spec.format) {
+    case WireFormat::kBF16:  // chunks are exactly the padded rows back to back: one copy
+      check_cuda(cudaMemcpyAsync(out, in.chunks, rows * l.cols * 2, cudaMemcpyDeviceToDevice,
+                                 stream),
+                 "cudaMemcpyAsync(bf16 unpack)");
+      return;
+    case WireFormat::kFP8:
+      unpack_bf16_kernel<WireFormat::kFP8><<<grid_for(groups), kThreads, 0, stream>>>(c, out, rows,
+                                                                                       false);
+      break;
+    case WireFormat::kMXFP8:
+      unpack_bf16_kernel<WireFormat::kMXFP8><<<grid_for(groups), kThreads, 0, stream>>>(
+          c, out, rows, false);
+      break;
+    case WireFormat::kNVFP4:
+      unpack_bf16_kernel<WireFormat::kNVFP4><<<grid_for(groups), kThreads, 0, stream>>>(
+          c, out, rows, spec.nvfp4_blocks == Nvfp4Blocks::k2D);
+      break;
+  }
+  check_launch("unpack_bf16_kernel");
+}
+
+void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const GemmOutputs& out,
+                      cudaStream_t stream) {
+  const ChunkLayout l = validate_unpack_gemm(spec, in, out);
+  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry);
+  const Chunks c = chunks_of(in, l);
+  auto* data = static_cast<uint8_t*>(out.data);
+  auto* scales = static_cast<uint8_t*>(out.scales);
+  auto* data_t = static_cast<uint8_t*>(out.transposed_data);
+  const int64_t rows = sizes.gemm_rows;
+  switch (spec.format) {
+    case WireFormat::kBF16:
+      return;  // refused by validate_unpack_gemm
+    case WireFormat::kFP8: {
+      const unsigned tiles = static_cast<unsigned>(((rows + 63) / 64) * ((l.cols + 63) / 64));
+      unpack_fp8_gemm_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t);
+      check_launch("unpack_fp8_gemm_kernel");
+      break;
+    }
+    case WireFormat::kMXFP8:
+      unpack_mxfp8_gemm_kernel<<<grid_for(rows * l.cols / 32), kThreads, 0, stream>>>(c, rows,
+                                                                                      data, scales);
+      check_launch("unpack_mxfp8_gemm_kernel");
+      break;
+    case WireFormat::kNVFP4:
+      if (data_t != nullptr) {
+        unpack_nvfp4_2d_transpose_kernel<<<grid_for(rows * l.cols / 16), kThreads, 0, stream>>>(
+            c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
+        check_launch("unpack_nvfp4_2d_transpose_kernel");
+      } else {
+        unpack_nvfp4_gemm_kernel<<<grid_for(rows * l.cols / 16), kThreads, 0, stream>>>(
+            c, rows, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales);
+        check_launch("unpack_nvfp4_gemm_kernel");
+      }
+      break;
+  }
+  if (sizes.decode_scale_count > 0) {
+    copy_decode_scales_kernel<<<1, kThreads, 0, stream>>>(c, sizes.decode_scale_count,
+                                                          out.decode_scales);
+    check_launch("copy_decode_scales_kernel");
+  }
+}
+
+}  // namespace gtp::kernels

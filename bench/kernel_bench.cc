@@ -169,14 +169,17 @@ std::vector<Row> run_gpu(const Options& o, json& machine) {
     void* src = nullptr;
     void* dst = nullptr;
     cuda_check(cudaMalloc(&src, shard_bytes * sets), "cudaMalloc(src)");
-    cuda_check(cudaMalloc(&dst, (shard_bytes + 4096) * sets), "cudaMalloc(dst)");
+    // Each destination slot holds the largest output set: a BF16 weight, or GEMM data, scales,
+    // transposed data and scales and the decode scales at fixed offsets (see gemm below).
+    const int64_t slot = 2 * shard_bytes + 4096;
+    cuda_check(cudaMalloc(&dst, slot * sets), "cudaMalloc(dst)");
     const std::vector<uint16_t> host = random_bf16(rows_n * kCols, 42 + mib);
     for (int64_t s = 0; s < sets; ++s) {
       cuda_check(cudaMemcpy(static_cast<uint8_t*>(src) + s * shard_bytes, host.data(), shard_bytes,
                             cudaMemcpyHostToDevice), "upload");
     }
     auto src_at = [&](int i) { return static_cast<uint8_t*>(src) + (i % sets) * shard_bytes; };
-    auto dst_at = [&](int i) { return static_cast<uint8_t*>(dst) + (i % sets) * (shard_bytes + 4096); };
+    auto dst_at = [&](int i) { return static_cast<uint8_t*>(dst) + (i % sets) * slot; };
 
     const double copy_us = median_us(
         [&](int i) { cudaMemcpyAsync(dst_at(i), src_at(i), shard_bytes, cudaMemcpyDeviceToDevice); },
@@ -232,11 +235,12 @@ std::vector<Row> run_gpu(const Options& o, json& machine) {
         // Outputs: data and transposed data side by side in the destination area.
         auto gemm = [&](int i, bool transpose) {
           uint8_t* base = dst_at(i);
-          GemmOutputs out{base, sizes.data_bytes, base + sizes.data_bytes, sizes.scales_bytes,
-                          transpose ? base + 2 * sizes.data_bytes : nullptr,
-                          sizes.transposed_data_bytes,
-                          base + 3 * sizes.data_bytes, sizes.transposed_scales_bytes,
-                          reinterpret_cast<float*>(base + shard_bytes), 1};
+          // data <= shard/2 at 0, scales <= shard/32 at shard/2, transposed data <= shard/2 at
+          // shard, transposed scales at 3/2 shard, decode scales at 2 shard.
+          GemmOutputs out{base, sizes.data_bytes, base + shard_bytes / 2, sizes.scales_bytes,
+                          transpose ? base + shard_bytes : nullptr, sizes.transposed_data_bytes,
+                          base + 3 * shard_bytes / 2, sizes.transposed_scales_bytes,
+                          reinterpret_cast<float*>(base + 2 * shard_bytes), 1};
           unpack_gemm_cuda(v.spec, {chunk_at(i), layout.chunk_bytes, geometry}, out, nullptr);
         };
         const double gemm_bytes = layout.chunk_bytes + sizes.data_bytes + sizes.scales_bytes;

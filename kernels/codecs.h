@@ -50,10 +50,11 @@ GTP_HD float max_value(float a, float b) { return b > a ? b : a; }
 // ---- BF16 ---------------------------------------------------------------------------------------
 GTP_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-// Round to nearest even; every NaN becomes the quiet NaN 0x7fc0; overflow gives +-Inf.
+// Round to nearest even; every NaN becomes 0x7fff (CUDA's canonical BF16 NaN); overflow gives
+// +-Inf.
 GTP_HD uint16_t float_to_bf16(float f) {
   uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
   u += 0x7fffu + ((u >> 16) & 1u);
   return static_cast<uint16_t>(u >> 16);
 }

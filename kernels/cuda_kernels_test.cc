@@ -64,12 +64,13 @@ struct Shape {
   int64_t rows, cols, G;
 };
 // Ragged rows (padding inside and across shards), odd tile counts, and one large shard.
-const Shape kShapes[] = {{1000, 128, 8}, {333, 96, 3}, {31, 32, 4}, {96, 48, 1}, {4096, 1024, 2}};
+const Shape kShapes[] = {{1000, 128, 8}, {333, 96, 3}, {31, 32, 4}, {96, 48, 1}, {64, 160, 1},
+                         {4096, 1024, 2}};
 
 // GTP_KERNEL_TEST_QUICK=1 drops the large shape (for compute-sanitizer runs, which are slow).
 std::vector<Shape> shapes() {
   const char* quick = std::getenv("GTP_KERNEL_TEST_QUICK");
-  const size_t n = (quick && quick[0] == '1') ? 4 : 5;
+  const size_t n = (quick && quick[0] == '1') ? 5 : 6;
   return std::vector<Shape>(kShapes, kShapes + n);
 }
 
@@ -202,6 +203,7 @@ TEST_F(CudaKernels, PackAndUnpackMatchTheReferenceBitForBit) {
   std::mt19937_64 seeds(std::random_device{}());
   for (const WireSpec& spec : kAllSpecs) {
     for (const Shape& s : shapes()) {
+      if (s.cols % column_multiple(spec.format) != 0) continue;  // not a valid weight for it
       for (SourceDtype dtype : {SourceDtype::kBF16, SourceDtype::kFP32}) {
         for (bool shared : {false, true}) {
           const uint64_t seed = seeds();
@@ -220,6 +222,7 @@ TEST_F(CudaKernels, NonFiniteInputsMatchTheReference) {
   edges.non_finite = true;
   for (const WireSpec& spec : kAllSpecs) {
     for (const Shape& s : shapes()) {
+      if (s.cols % column_multiple(spec.format) != 0) continue;
       const uint64_t seed = seeds();
       SCOPED_TRACE(name(spec) + " seed " + std::to_string(seed));
       const Packed p = pack_and_compare(spec, s, SourceDtype::kFP32, false, edges, seed);

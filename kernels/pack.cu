@@ -49,31 +49,23 @@ void launch_amax(const void* src, bool bf16, int64_t n, float* amax_out, cudaStr
   check_launch("amax_kernel");
 }
 
-__global__ void pack_bf16_kernel(Source src, uint8_t* data, int64_t rows, ChunkPadding pad) {
+__global__ void pack_bf16_kernel(Source src, uint8_t* data, RowGrid grid, ChunkPadding pad) {
   write_padding(pad);
-  const int64_t groups = rows * src.cols / 8;
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = g * 8;
-    float v[8];
-    load8(src, e / src.cols, e % src.cols, v);
-    uint4 out;
-    out.x = pack_bf16x2(v[0], v[1]);
-    out.y = pack_bf16x2(v[2], v[3]);
-    out.z = pack_bf16x2(v[4], v[5]);
-    out.w = pack_bf16x2(v[6], v[7]);
-    reinterpret_cast<uint4*>(data)[g] = out;
-  }
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
+    for (int64_t item = lane; item < grid.items_per_row; item += team) {
+      float v[8];
+      load8(src, r, item * 8, v);
+      uint4 out;
+      out.x = pack_bf16x2(v[0], v[1]);
+      out.y = pack_bf16x2(v[2], v[3]);
+      out.z = pack_bf16x2(v[4], v[5]);
+      out.w = pack_bf16x2(v[6], v[7]);
+      reinterpret_cast<uint4*>(data + r * src.cols * 2)[item] = out;
+    }
+  });
 }
 
-__device__ __forceinline__ uint32_t pack_e4m3x4(const float* v, float multiplier) {
-  return static_cast<uint32_t>(float_to_e4m3(v[0] * multiplier)) |
-         (static_cast<uint32_t>(float_to_e4m3(v[1] * multiplier)) << 8) |
-         (static_cast<uint32_t>(float_to_e4m3(v[2] * multiplier)) << 16) |
-         (static_cast<uint32_t>(float_to_e4m3(v[3] * multiplier)) << 24);
-}
-
-__global__ void pack_fp8_kernel(Source src, uint8_t* data, int64_t rows, const float* amax_in,
+__global__ void pack_fp8_kernel(Source src, uint8_t* data, RowGrid grid, const float* amax_in,
                                 float* scalars, ChunkPadding pad) {
   write_padding(pad);
   const float amax = sanitize_amax(*amax_in);
@@ -82,52 +74,51 @@ __global__ void pack_fp8_kernel(Source src, uint8_t* data, int64_t rows, const f
     scalars[kDecodeScale] = 1.0f / scale;
     scalars[kAmax] = amax;
   }
-  const int64_t groups = rows * src.cols / 16;
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = g * 16, r = e / src.cols, c = e % src.cols;
-    float v[16];
-    load8(src, r, c, *reinterpret_cast<float(*)[8]>(v));
-    load8(src, r, c + 8, *reinterpret_cast<float(*)[8]>(v + 8));
-    uint4 out;
-    out.x = pack_e4m3x4(v, scale);
-    out.y = pack_e4m3x4(v + 4, scale);
-    out.z = pack_e4m3x4(v + 8, scale);
-    out.w = pack_e4m3x4(v + 12, scale);
-    reinterpret_cast<uint4*>(data)[g] = out;
-  }
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
+    for (int64_t item = lane; item < grid.items_per_row; item += team) {
+      float v[16];
+      load8(src, r, item * 16, *reinterpret_cast<float(*)[8]>(v));
+      load8(src, r, item * 16 + 8, *reinterpret_cast<float(*)[8]>(v + 8));
+      uint4 out;
+      out.x = e4m3x4(v, scale);
+      out.y = e4m3x4(v + 4, scale);
+      out.z = e4m3x4(v + 8, scale);
+      out.w = e4m3x4(v + 12, scale);
+      reinterpret_cast<uint4*>(data + r * src.cols)[item] = out;
+    }
+  });
 }
 
 // One thread per 32-element block of a row.
-__global__ void pack_mxfp8_kernel(Source src, uint8_t* data, uint8_t* scales, int64_t rows,
+__global__ void pack_mxfp8_kernel(Source src, uint8_t* data, uint8_t* scales, RowGrid grid,
                                   bool rceil, ChunkPadding pad) {
   write_padding(pad);
-  const int64_t blocks_per_row = src.cols / 32;
-  const int64_t blocks = rows * blocks_per_row;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = b / blocks_per_row, c = (b % blocks_per_row) * 32;
-    float v[32];
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
+    for (int64_t b = lane; b < grid.items_per_row; b += team) {
+      const int64_t c = b * 32;
+      float v[32];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) load8(src, r, c + 8 * k, *reinterpret_cast<float(*)[8]>(v + 8 * k));
-    float amax = 0.0f;
-    bool non_finite = false;
+      for (int k = 0; k < 4; ++k)
+        load8(src, r, c + 8 * k, *reinterpret_cast<float(*)[8]>(v + 8 * k));
+      float amax = 0.0f;
+      bool non_finite = false;
 #pragma unroll
-    for (int k = 0; k < 32; ++k) {
-      if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
-      else non_finite = true;
+      for (int k = 0; k < 32; ++k) {
+        if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
+        else non_finite = true;
+      }
+      const uint8_t e = non_finite ? kE8M0NaN : (rceil ? e8m0_rceil(amax) : e8m0_floor(amax));
+      const float multiplier = mx_encode_multiplier(e, rceil);
+      uint4 out[2];
+      uint32_t* words = reinterpret_cast<uint32_t*>(out);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) words[k] = non_finite ? 0u : e4m3x4(v + 4 * k, multiplier);
+      uint4* dst = reinterpret_cast<uint4*>(data + r * src.cols + c);
+      dst[0] = out[0];
+      dst[1] = out[1];
+      scales[r * grid.items_per_row + b] = e;
     }
-    const uint8_t e = non_finite ? kE8M0NaN : (rceil ? e8m0_rceil(amax) : e8m0_floor(amax));
-    const float multiplier = mx_encode_multiplier(e, rceil);
-    uint4 out[2];
-    uint32_t* words = reinterpret_cast<uint32_t*>(out);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) words[k] = non_finite ? 0u : pack_e4m3x4(v + 4 * k, multiplier);
-    uint4* dst = reinterpret_cast<uint4*>(data + r * src.cols + c);
-    dst[0] = out[0];
-    dst[1] = out[1];
-    scales[b] = e;
-  }
+  });
 }
 
 // 16 elements of one NVFP4 block -> 8 bytes of codes, element 2k in the low nibble of byte k.
@@ -136,7 +127,7 @@ __device__ __forceinline__ uint2 encode_e2m1x16(const float* v, float multiplier
   if (!zero) {
 #pragma unroll
     for (int k = 0; k < 16; ++k)
-      words[k / 8] |= static_cast<uint32_t>(float_to_e2m1(v[k] * multiplier)) << (4 * (k % 8));
+      words[k / 8] |= e2m1_code(v[k] * multiplier) << (4 * (k % 8));
   }
   return make_uint2(words[0], words[1]);
 }
@@ -148,7 +139,7 @@ __device__ __forceinline__ void nvfp4_global_scales(const float* amax_in, float*
 }
 
 // 1D blocks: one thread per 16-element block of a row.
-__global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales, int64_t rows,
+__global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales, RowGrid grid,
                                      const float* amax_in, float* scalars, ChunkPadding pad) {
   write_padding(pad);
   float encode, decode;
@@ -157,25 +148,25 @@ __global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales,
     scalars[kDecodeScale] = decode;
     scalars[kAmax] = sanitize_amax(*amax_in);
   }
-  const int64_t blocks = rows * src.cols / 16;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = b * 16, r = e / src.cols, c = e % src.cols;
-    float v[16];
-    load8(src, r, c, *reinterpret_cast<float(*)[8]>(v));
-    load8(src, r, c + 8, *reinterpret_cast<float(*)[8]>(v + 8));
-    float amax = 0.0f;
-    bool non_finite = false;
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
+    for (int64_t b = lane; b < grid.items_per_row; b += team) {
+      float v[16];
+      load8(src, r, b * 16, *reinterpret_cast<float(*)[8]>(v));
+      load8(src, r, b * 16 + 8, *reinterpret_cast<float(*)[8]>(v + 8));
+      float amax = 0.0f;
+      bool non_finite = false;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
-      else non_finite = true;
+      for (int k = 0; k < 16; ++k) {
+        if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
+        else non_finite = true;
+      }
+      const uint8_t scale = non_finite ? kE4M3NaN : nvfp4_block_scale(amax, encode);
+      const float multiplier = nvfp4_element_multiplier(scale, decode);
+      const int64_t index = r * grid.items_per_row + b;
+      reinterpret_cast<uint2*>(data)[index] = encode_e2m1x16(v, multiplier, non_finite);
+      scales[index] = scale;
     }
-    const uint8_t scale = non_finite ? kE4M3NaN : nvfp4_block_scale(amax, encode);
-    const float multiplier = nvfp4_element_multiplier(scale, decode);
-    reinterpret_cast<uint2*>(data)[b] = encode_e2m1x16(v, multiplier, non_finite);
-    scales[b] = scale;
-  }
+  });
 }
 
 // 2D blocks: a half-warp per 16x16 tile, one lane per row; the tile amax is a 16-lane reduction.
@@ -253,24 +244,31 @@ void pack_cuda(const WireSpec& spec, const PackArgs& args, cudaStream_t stream) 
   }
   const ChunkPadding pad = chunk_padding(chunk, l, l.scalars_bytes > 0 ? 2 * sizeof(float) : 0);
   switch (spec.format) {
-    case WireFormat::kBF16:
-      pack_bf16_kernel<<<grid_for(elements / 8), kThreads, 0, stream>>>(src, data, rows, pad);
+    case WireFormat::kBF16: {
+      const RowGrid grid = row_grid(rows, l.cols / 8);
+      pack_bf16_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(src, data, grid, pad);
       check_launch("pack_bf16_kernel");
       break;
-    case WireFormat::kFP8:
-      pack_fp8_kernel<<<grid_for(elements / 16), kThreads, 0, stream>>>(src, data, rows, amax,
-                                                                        scalars, pad);
+    }
+    case WireFormat::kFP8: {
+      const RowGrid grid = row_grid(rows, l.cols / 16);
+      pack_fp8_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(src, data, grid, amax, scalars,
+                                                                 pad);
       check_launch("pack_fp8_kernel");
       break;
-    case WireFormat::kMXFP8:
-      pack_mxfp8_kernel<<<grid_for(elements / 32), kThreads, 0, stream>>>(
-          src, data, scales, rows, spec.mx_rounding == ScaleRounding::kRceil, pad);
+    }
+    case WireFormat::kMXFP8: {
+      const RowGrid grid = row_grid(rows, l.cols / 32);
+      pack_mxfp8_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
+          src, data, scales, grid, spec.mx_rounding == ScaleRounding::kRceil, pad);
       check_launch("pack_mxfp8_kernel");
       break;
+    }
     case WireFormat::kNVFP4:
       if (spec.nvfp4_blocks == Nvfp4Blocks::k1D) {
-        pack_nvfp4_1d_kernel<<<grid_for(elements / 16), kThreads, 0, stream>>>(
-            src, data, scales, rows, amax, scalars, pad);
+        const RowGrid grid = row_grid(rows, l.cols / 16);
+        pack_nvfp4_1d_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
+            src, data, scales, grid, amax, scalars, pad);
         check_launch("pack_nvfp4_1d_kernel");
       } else {
         pack_nvfp4_2d_kernel<<<grid_for(elements / 16), kThreads, 0, stream>>>(

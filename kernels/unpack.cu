@@ -42,38 +42,42 @@ __device__ __forceinline__ void store_bf16x16(uint16_t* out, const float* v) {
 // One thread per 16 output elements of a row. Format is a template parameter so each kernel
 // carries only its own decode.
 template <WireFormat kFormat>
-__global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, int64_t rows, bool blocks_2d) {
-  const int64_t groups = rows * in.cols / 16;
-  for (int64_t g = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; g < groups;
-       g += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t e = g * 16, r = e / in.cols, c = e % in.cols;
+__global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    float v[16];
-    if (kFormat == WireFormat::kFP8 || kFormat == WireFormat::kMXFP8) {
-      const uint4 codes = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols + c));
-      const float scale =
-          kFormat == WireFormat::kFP8
-              ? in.decode_scale(chunk)
-              : e8m0_to_float(chunk[in.scales_offset + local * (in.cols / 32) + c / 32]);
-      const uint32_t words[4] = {codes.x, codes.y, codes.z, codes.w};
+    uint16_t* out_row = out + r * in.cols;
+    const float chunk_scale = kFormat == WireFormat::kMXFP8 ? 0.0f : in.decode_scale(chunk);
+    for (int64_t item = lane; item < grid.items_per_row; item += team) {
+      const int64_t c = item * 16;
+      float v[16];
+      if (kFormat == WireFormat::kFP8 || kFormat == WireFormat::kMXFP8) {
+        const uint4 codes = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols + c));
+        const float scale =
+            kFormat == WireFormat::kFP8
+                ? chunk_scale
+                : e8m0_to_float(chunk[in.scales_offset + local * (in.cols / 32) + c / 32]);
+        e4m3x4_to_float(codes.x, v);
+        e4m3x4_to_float(codes.y, v + 4);
+        e4m3x4_to_float(codes.z, v + 8);
+        e4m3x4_to_float(codes.w, v + 12);
 #pragma unroll
-      for (int k = 0; k < 16; ++k)
-        v[k] = e4m3_to_float(static_cast<uint8_t>(words[k / 4] >> (8 * (k % 4)))) * scale;
-    } else {  // NVFP4
-      const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
-      const int64_t scale_index = blocks_2d ? (local / 16) * (in.cols / 16) + c / 16
-                                            : local * (in.cols / 16) + c / 16;
-      const uint8_t block_scale = chunk[in.scales_offset + scale_index];
-      const float decode = in.decode_scale(chunk);
-      const uint32_t words[2] = {codes.x, codes.y};
+        for (int k = 0; k < 16; ++k) v[k] *= scale;
+      } else {  // NVFP4
+        const uint2 codes =
+            __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
+        const int64_t scale_index = blocks_2d ? (local / 16) * (in.cols / 16) + item
+                                              : local * (in.cols / 16) + item;
+        const float block_scale = e4m3_to_float(chunk[in.scales_offset + scale_index]);
+        const uint32_t words[2] = {codes.x, codes.y};
+        // (q * s_b) * S_dec, as codec::nvfp4_decode orders it.
 #pragma unroll
-      for (int k = 0; k < 16; ++k)
-        v[k] = nvfp4_decode(static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf),
-                            block_scale, decode);
+        for (int k = 0; k < 16; ++k)
+          v[k] = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
+      }
+      store_bf16x16(out_row + c, v);
     }
-    store_bf16x16(out + e, v);
-  }
+  });
 }
 
 __global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* decode_scales) {
@@ -81,8 +85,8 @@ __global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* 
     decode_scales[g] = in.decode_scale(in.base + g * in.chunk_bytes);
 }
 
-// FP8 GEMM layout: 64x64-byte tiles, copied row-major and, when asked, transposed through shared
-// memory so both outputs are written with 16-byte stores.
+// FP8 GEMM layout with the transpose: 64x64-byte tiles, copied row-major and transposed through
+// shared memory so both outputs are written with 16-byte stores.
 __global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
                                        uint8_t* data_t) {
   __shared__ __align__(16) uint8_t tile[64][80];  // 16 bytes of row padding spreads the banks
@@ -96,7 +100,6 @@ __global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* da
     *reinterpret_cast<uint4*>(data + r * in.cols + c) = v;
     *reinterpret_cast<uint4*>(&tile[row][segment * 16]) = v;
   }
-  if (data_t == nullptr) return;
   __syncthreads();
   // Thread -> (output row = weight column, 16 consecutive weight rows).
   const int col = threadIdx.x / 4;
@@ -115,42 +118,47 @@ __global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* da
   }
 }
 
+// FP8 GEMM layout without the transpose: the chunks' code rows copied 16 bytes a thread.
+__global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* data) {
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
+    const uint4* src = reinterpret_cast<const uint4*>(in.chunk_of(r) + (r % in.shard_rows) * in.cols);
+    uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols);
+    for (int64_t j = lane; j < grid.items_per_row; j += team) dst[j] = __ldg(src + j);
+  });
+}
+
 // MXFP8 GEMM layout: a thread per 32-element block copies its codes and its scale.
-__global__ void unpack_mxfp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
-                                         uint8_t* scales) {
-  const int64_t per_row = in.cols / 32;
-  const int64_t blocks = gemm_rows * per_row;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = b / per_row, j = b % per_row;
+__global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales) {
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols + j * 32);
-    uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols + j * 32);
-    dst[0] = __ldg(src);
-    dst[1] = __ldg(src + 1);
-    scales[b] = chunk[in.scales_offset + local * per_row + j];
-  }
+    for (int64_t j = lane; j < grid.items_per_row; j += team) {
+      const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols + j * 32);
+      uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols + j * 32);
+      dst[0] = __ldg(src);
+      dst[1] = __ldg(src + 1);
+      scales[r * grid.items_per_row + j] = chunk[in.scales_offset + local * grid.items_per_row + j];
+    }
+  });
 }
 
 // NVFP4 GEMM layout, 1D blocks or 2D without transpose: a thread per 16-element block.
-__global__ void unpack_nvfp4_gemm_kernel(Chunks in, int64_t gemm_rows, bool blocks_2d,
-                                         uint8_t* data, uint8_t* scales) {
-  const int64_t per_row = in.cols / 16;
-  const int64_t blocks = gemm_rows * per_row;
-  for (int64_t b = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; b < blocks;
-       b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = b / per_row, j = b % per_row;
+__global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d, uint8_t* data,
+                                         uint8_t* scales) {
+  const int64_t per_row = grid.items_per_row;
+  for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    reinterpret_cast<uint2*>(data)[b] =
-        __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2 + j * 8));
-    if (!blocks_2d) {
-      scales[b] = chunk[in.scales_offset + local * per_row + j];
-    } else if (r % 16 == 0) {
-      scales[(r / 16) * per_row + j] = chunk[in.scales_offset + (local / 16) * per_row + j];
+    for (int64_t j = lane; j < per_row; j += team) {
+      reinterpret_cast<uint2*>(data)[r * per_row + j] =
+          __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2 + j * 8));
+      if (!blocks_2d) {
+        scales[r * per_row + j] = chunk[in.scales_offset + local * per_row + j];
+      } else if (r % 16 == 0) {
+        scales[(r / 16) * per_row + j] = chunk[in.scales_offset + (local / 16) * per_row + j];
+      }
     }
-  }
+  });
 }
 
 // NVFP4 2D with the exact transpose: a half-warp per 16x16 tile; lane i holds row i, and the
@@ -203,7 +211,7 @@ void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  int64_t out_capacity, cudaStream_t stream) {
   const ChunkLayout l = validate_unpack(spec, in, out_bf16, out_capacity);
   const int64_t rows = in.geometry.rows;
-  const int64_t groups = rows * l.cols / 16;
+  const RowGrid grid = row_grid(rows, l.cols / 16);
   auto* out = static_cast<uint16_t*>(out_bf16);
   const Chunks c = chunks_of(in, l);
   switch (spec.format) {
@@ -213,16 +221,16 @@ void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  "cudaMemcpyAsync(bf16 unpack)");
       return;
     case WireFormat::kFP8:
-      unpack_bf16_kernel<WireFormat::kFP8><<<grid_for(groups), kThreads, 0, stream>>>(c, out, rows,
+      unpack_bf16_kernel<WireFormat::kFP8><<<blocks_for(grid), kThreads, 0, stream>>>(c, out, grid,
                                                                                        false);
       break;
     case WireFormat::kMXFP8:
-      unpack_bf16_kernel<WireFormat::kMXFP8><<<grid_for(groups), kThreads, 0, stream>>>(
-          c, out, rows, false);
+      unpack_bf16_kernel<WireFormat::kMXFP8><<<blocks_for(grid), kThreads, 0, stream>>>(
+          c, out, grid, false);
       break;
     case WireFormat::kNVFP4:
-      unpack_bf16_kernel<WireFormat::kNVFP4><<<grid_for(groups), kThreads, 0, stream>>>(
-          c, out, rows, spec.nvfp4_blocks == Nvfp4Blocks::k2D);
+      unpack_bf16_kernel<WireFormat::kNVFP4><<<blocks_for(grid), kThreads, 0, stream>>>(
+          c, out, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D);
       break;
   }
   check_launch("unpack_bf16_kernel");
@@ -241,14 +249,22 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
     case WireFormat::kBF16:
       return;  // refused by validate_unpack_gemm
     case WireFormat::kFP8: {
+      if (data_t == nullptr) {
+        const RowGrid grid = row_grid(rows, l.cols / 16);
+        unpack_fp8_gemm_rows_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data);
+        check_launch("unpack_fp8_gemm_rows_kernel");
+        break;
+      }
       const unsigned tiles = static_cast<unsigned>(((rows + 63) / 64) * ((l.cols + 63) / 64));
       unpack_fp8_gemm_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t);
       check_launch("unpack_fp8_gemm_kernel");
       break;
     }
     case WireFormat::kMXFP8:
-      unpack_mxfp8_gemm_kernel<<<grid_for(rows * l.cols / 32), kThreads, 0, stream>>>(c, rows,
-                                                                                      data, scales);
+    {
+      const RowGrid grid = row_grid(rows, l.cols / 32);
+      unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales);
+    }
       check_launch("unpack_mxfp8_gemm_kernel");
       break;
     case WireFormat::kNVFP4:
@@ -257,8 +273,9 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
             c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {
-        unpack_nvfp4_gemm_kernel<<<grid_for(rows * l.cols / 16), kThreads, 0, stream>>>(
-            c, rows, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales);
+        const RowGrid grid = row_grid(rows, l.cols / 16);
+        unpack_nvfp4_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
+            c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales);
         check_launch("unpack_nvfp4_gemm_kernel");
       }
       break;

@@ -42,6 +42,37 @@ inline unsigned grid_for(int64_t items) {
   return static_cast<unsigned>(needed < 1 ? 1 : (needed < max_blocks ? needed : max_blocks));
 }
 
+// A rows x items grid walked by teams of `team` threads (a power of two, at most kThreads) that
+// share a row: per-row values (chunk, local row, scales) are computed once per row and no thread
+// divides a flat index by the row length.
+struct RowGrid {
+  int64_t rows;
+  int64_t items_per_row;
+  int team_shift;  // log2 of the team size
+};
+
+inline RowGrid row_grid(int64_t rows, int64_t items_per_row) {
+  int shift = 0;
+  while ((int64_t{1} << shift) < items_per_row && (1 << shift) < kThreads) ++shift;
+  return RowGrid{rows, items_per_row, shift};
+}
+
+inline unsigned blocks_for(const RowGrid& g) {
+  const int64_t rows_per_block = kThreads >> g.team_shift;
+  return grid_for((g.rows + rows_per_block - 1) / rows_per_block * kThreads);
+}
+
+// Calls row_fn(row, lane, team) for every row this thread's team owns; the callee walks
+// items lane, lane + team, ... of the row.
+template <typename RowFn>
+__device__ __forceinline__ void for_each_row(const RowGrid& g, RowFn&& row_fn) {
+  const int team = 1 << g.team_shift;
+  const int64_t first = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> g.team_shift;
+  const int64_t teams = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> g.team_shift;
+  const int lane = threadIdx.x & (team - 1);
+  for (int64_t row = first; row < g.rows; row += teams) row_fn(row, lane, team);
+}
+
 // The shard as the kernels read it: rows at or past valid_rows read as zero.
 struct Source {
   const void* ptr;
@@ -99,10 +130,70 @@ __device__ __forceinline__ float sanitize_amax(float a) {
   return (codec::is_finite(a) && a > 0.0f) ? a : 0.0f;
 }
 
-// Two BF16 values in one 32-bit word, the first in the low half.
+// ---- Hardware fast paths of the codecs. Each must equal its spec in codecs.h bit for bit; the
+// GPU tests compare every kernel output against the CPU reference to hold them to that.
+
+// Two BF16 values in one 32-bit word, the first in the low half (cvt.rn.bf16x2.f32: RNE, NaN ->
+// 0x7fff, like codec::float_to_bf16).
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  return static_cast<uint32_t>(codec::float_to_bf16(lo)) |
-         (static_cast<uint32_t>(codec::float_to_bf16(hi)) << 16);
+  uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+// Four E4M3 codes of v[k] * multiplier, element k in byte k. cvt.rn.satfinite gives RNE with
+// saturation to +-448 (Inf too); the spec's single NaN code 0x7f is patched in afterwards.
+__device__ __forceinline__ uint32_t e4m3x4(const float* v, float multiplier) {
+  const float a = v[0] * multiplier, b = v[1] * multiplier;
+  const float c = v[2] * multiplier, d = v[3] * multiplier;
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+  uint32_t word = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  if (codec::is_nan(a) | codec::is_nan(b) | codec::is_nan(c) | codec::is_nan(d)) {
+    const float x[4] = {a, b, c, d};
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (codec::is_nan(x[k])) word = (word & ~(0xffu << (8 * k))) | (0x7fu << (8 * k));
+  }
+  return word;
+}
+
+// The four E4M3 codes of `word` (byte k = element k) as floats: exact through FP16.
+__device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float* out) {
+  uint32_t h01, h23;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h01) : "h"(static_cast<uint16_t>(word & 0xffffu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h23) : "h"(static_cast<uint16_t>(word >> 16)));
+  const uint16_t halves[4] = {static_cast<uint16_t>(h01), static_cast<uint16_t>(h01 >> 16),
+                              static_cast<uint16_t>(h23), static_cast<uint16_t>(h23 >> 16)};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) asm("cvt.f32.f16 %0, %1;" : "=f"(out[k]) : "h"(halves[k]));
+}
+
+// E2M1 code of x (spec: codec::float_to_e2m1) from the FP32 bits: below 1 the code counts halves
+// (RNE by __float2uint_rn); from 1 up, drop 22 mantissa bits with round-to-even and rebias the
+// exponent; saturate at 7 (6.0). NaN never reaches it.
+__device__ __forceinline__ uint32_t e2m1_code(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t sign = (bits >> 28) & 0x8u;
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  uint32_t code;
+  if (magnitude < 0x3f800000u) {
+    code = __float2uint_rn(__uint_as_float(magnitude) * 2.0f);
+  } else {
+    const uint32_t rounded = magnitude + 0x1fffffu + ((magnitude >> 22) & 1u);
+    code = (rounded >> 22) - 252u;
+  }
+  return sign | (code < 7u ? code : 7u);
+}
+
+// Magnitude of an E2M1 code's low 3 bits, signed by bit 3 (spec: codec::e2m1_to_float).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t m = code & 0x7u;
+  // m < 2: 0 or 0.5; else exponent (m >> 1) - 1 + 127 with mantissa bit (m & 1).
+  const uint32_t normal = (((m >> 1) + 126u) << 23) | ((m & 1u) << 22);
+  const uint32_t magnitude = m == 0 ? 0u : (m == 1 ? 0x3f000000u : normal);
+  return __uint_as_float(magnitude | ((code & 0x8u) << 28));
 }
 
 }  // namespace gtp::kernels::device

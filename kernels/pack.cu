@@ -100,13 +100,12 @@ __global__ void pack_mxfp8_kernel(Source src, uint8_t* data, uint8_t* scales, Ro
 #pragma unroll
       for (int k = 0; k < 4; ++k)
         load8(src, r, c + 8 * k, *reinterpret_cast<float(*)[8]>(v + 8 * k));
-      float amax = 0.0f;
-      bool non_finite = false;
+      // Integer max of the magnitude bits: NaN > Inf > finite, so it also flags the block.
+      uint32_t top = 0;
 #pragma unroll
-      for (int k = 0; k < 32; ++k) {
-        if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
-        else non_finite = true;
-      }
+      for (int k = 0; k < 32; ++k) top = max(top, __float_as_uint(v[k]) & 0x7fffffffu);
+      const bool non_finite = top >= 0x7f800000u;
+      const float amax = __uint_as_float(top);
       const uint8_t e = non_finite ? kE8M0NaN : (rceil ? e8m0_rceil(amax) : e8m0_floor(amax));
       const float multiplier = mx_encode_multiplier(e, rceil);
       uint4 out[2];
@@ -153,15 +152,18 @@ __global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales,
       float v[16];
       load8(src, r, b * 16, *reinterpret_cast<float(*)[8]>(v));
       load8(src, r, b * 16 + 8, *reinterpret_cast<float(*)[8]>(v + 8));
-      float amax = 0.0f;
-      bool non_finite = false;
+      // Largest magnitude by integer max of the bit patterns: NaN > Inf > every finite value,
+      // so one compare per element also tells whether the block is finite.
+      uint32_t top = 0;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
-        else non_finite = true;
-      }
-      const uint8_t scale = non_finite ? kE4M3NaN : nvfp4_block_scale(amax, encode);
-      const float multiplier = nvfp4_element_multiplier(scale, decode);
+      for (int k = 0; k < 16; ++k) top = max(top, __float_as_uint(v[k]) & 0x7fffffffu);
+      const bool non_finite = top >= 0x7f800000u;
+      // s_b = E4M3(amax * (S_enc * 1/6)) and c = min(1 / (s_b * S_dec), FLT_MAX), as the spec
+      // (codec::nvfp4_block_scale / nvfp4_element_multiplier) orders them; rcp.rn is exact 1/x.
+      const uint8_t scale =
+          non_finite ? kE4M3NaN : e4m3_of(__uint_as_float(top) * (encode * (1.0f / kE2M1Max)));
+      const float multiplier =
+          fminf(__frcp_rn(e4m3_to_float(scale) * decode), kFloatMax);
       const int64_t index = r * grid.items_per_row + b;
       reinterpret_cast<uint2*>(data)[index] = encode_e2m1x16(v, multiplier, non_finite);
       scales[index] = scale;
@@ -198,22 +200,18 @@ __global__ void pack_nvfp4_2d_kernel(Source src, uint8_t* data, uint8_t* scales,
 #pragma unroll
       for (int k = 0; k < 16; ++k) v[k] = 0.0f;
     }
-    float amax = 0.0f;
-    unsigned non_finite = 0;
+    // Integer max of the magnitude bits over the tile (NaN > Inf > finite), see the 1D kernel.
+    uint32_t top = 0;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      if (is_finite(v[k])) amax = max_value(amax, abs_value(v[k]));
-      else non_finite = 1;
-    }
-    for (int offset = 8; offset > 0; offset /= 2) {
-      amax = max_value(amax, __shfl_xor_sync(~0u, amax, offset));
-      non_finite |= __shfl_xor_sync(~0u, non_finite, offset);
-    }
+    for (int k = 0; k < 16; ++k) top = max(top, __float_as_uint(v[k]) & 0x7fffffffu);
+    for (int offset = 8; offset > 0; offset /= 2) top = max(top, __shfl_xor_sync(~0u, top, offset));
     if (!active) continue;
-    const uint8_t scale = non_finite ? kE4M3NaN : nvfp4_block_scale(amax, encode);
-    const float multiplier = nvfp4_element_multiplier(scale, decode);
+    const bool non_finite = top >= 0x7f800000u;
+    const uint8_t scale =
+        non_finite ? kE4M3NaN : e4m3_of(__uint_as_float(top) * (encode * (1.0f / kE2M1Max)));
+    const float multiplier = fminf(__frcp_rn(e4m3_to_float(scale) * decode), kFloatMax);
     *reinterpret_cast<uint2*>(data + (r * src.cols + c) / 2) =
-        encode_e2m1x16(v, multiplier, non_finite != 0);
+        encode_e2m1x16(v, multiplier, non_finite);
     if (row_in_tile == 0) scales[tile] = scale;
   }
 }

@@ -39,43 +39,58 @@ __device__ __forceinline__ void store_bf16x16(uint16_t* out, const float* v) {
   reinterpret_cast<uint4*>(out)[1] = b;
 }
 
-// One thread per 16 output elements of a row. Format is a template parameter so each kernel
-// carries only its own decode.
+// Each thread decodes kUnroll groups of 16 output elements of a row per step, with all their
+// loads issued first. Format is a template parameter so each kernel carries only its own decode.
 template <WireFormat kFormat>
 __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
+  constexpr int kUnroll = kFormat == WireFormat::kNVFP4 ? 4 : 2;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
     uint16_t* out_row = out + r * in.cols;
     const float chunk_scale = kFormat == WireFormat::kMXFP8 ? 0.0f : in.decode_scale(chunk);
-    for (int64_t item = lane; item < grid.items_per_row; item += team) {
-      const int64_t c = item * 16;
-      float v[16];
-      if (kFormat == WireFormat::kFP8 || kFormat == WireFormat::kMXFP8) {
-        const uint4 codes = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols + c));
-        const float scale =
-            kFormat == WireFormat::kFP8
-                ? chunk_scale
-                : e8m0_to_float(chunk[in.scales_offset + local * (in.cols / 32) + c / 32]);
-        e4m3x4_to_float(codes.x, v);
-        e4m3x4_to_float(codes.y, v + 4);
-        e4m3x4_to_float(codes.z, v + 8);
-        e4m3x4_to_float(codes.w, v + 12);
+    const int64_t n = grid.items_per_row;
+    for (int64_t first = lane; first < n; first += team * kUnroll) {
+      uint4 codes[kUnroll];
+      uint8_t scale_codes[kUnroll];
 #pragma unroll
-        for (int k = 0; k < 16; ++k) v[k] *= scale;
-      } else {  // NVFP4
-        const uint2 codes =
-            __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
-        const int64_t scale_index = blocks_2d ? (local / 16) * (in.cols / 16) + item
-                                              : local * (in.cols / 16) + item;
-        const float block_scale = e4m3_to_float(chunk[in.scales_offset + scale_index]);
-        const uint32_t words[2] = {codes.x, codes.y};
-        // (q * s_b) * S_dec, as codec::nvfp4_decode orders it.
-#pragma unroll
-        for (int k = 0; k < 16; ++k)
-          v[k] = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t item = first + u * team;
+        if (item >= n) break;
+        if (kFormat == WireFormat::kNVFP4) {
+          const uint2 half = __ldg(reinterpret_cast<const uint2*>(chunk + local * in.cols / 2) + item);
+          codes[u] = make_uint4(half.x, half.y, 0u, 0u);
+          scale_codes[u] = chunk[in.scales_offset + (blocks_2d ? (local / 16) * n : local * n) + item];
+        } else {
+          codes[u] = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols) + item);
+          if (kFormat == WireFormat::kMXFP8)
+            scale_codes[u] = chunk[in.scales_offset + local * (in.cols / 32) + item / 2];
+        }
       }
-      store_bf16x16(out_row + c, v);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t item = first + u * team;
+        if (item >= n) break;
+        float v[16];
+        if (kFormat == WireFormat::kNVFP4) {
+          const float block_scale = e4m3_to_float(scale_codes[u]);
+          const uint32_t words[2] = {codes[u].x, codes[u].y};
+          // (q * s_b) * S_dec, as codec::nvfp4_decode orders it.
+#pragma unroll
+          for (int k = 0; k < 16; ++k)
+            v[k] = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
+        } else {
+          const float scale =
+              kFormat == WireFormat::kFP8 ? chunk_scale : e8m0_to_float(scale_codes[u]);
+          e4m3x4_to_float(codes[u].x, v);
+          e4m3x4_to_float(codes[u].y, v + 4);
+          e4m3x4_to_float(codes[u].z, v + 8);
+          e4m3x4_to_float(codes[u].w, v + 12);
+#pragma unroll
+          for (int k = 0; k < 16; ++k) v[k] *= scale;
+        }
+        store_bf16x16(out_row + item * 16, v);
+      }
     }
   });
 }
@@ -127,17 +142,35 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
   });
 }
 
-// MXFP8 GEMM layout: a thread per 32-element block copies its codes and its scale.
+// MXFP8 GEMM layout: a thread copies the codes and scales of two 32-element blocks per step,
+// loads first.
 __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales) {
+  constexpr int kUnroll = 2;
+  const int64_t n = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    for (int64_t j = lane; j < grid.items_per_row; j += team) {
-      const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols + j * 32);
-      uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols + j * 32);
-      dst[0] = __ldg(src);
-      dst[1] = __ldg(src + 1);
-      scales[r * grid.items_per_row + j] = chunk[in.scales_offset + local * grid.items_per_row + j];
+    const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols);
+    uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols);
+    for (int64_t first = lane; first < n; first += team * kUnroll) {
+      uint4 codes[2 * kUnroll];
+      uint8_t scale[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = first + u * team;
+        if (j >= n) break;
+        codes[2 * u] = __ldg(src + 2 * j);
+        codes[2 * u + 1] = __ldg(src + 2 * j + 1);
+        scale[u] = chunk[in.scales_offset + local * n + j];
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = first + u * team;
+        if (j >= n) break;
+        dst[2 * j] = codes[2 * u];
+        dst[2 * j + 1] = codes[2 * u + 1];
+        scales[r * n + j] = scale[u];
+      }
     }
   });
 }
@@ -211,7 +244,7 @@ void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  int64_t out_capacity, cudaStream_t stream) {
   const ChunkLayout l = validate_unpack(spec, in, out_bf16, out_capacity);
   const int64_t rows = in.geometry.rows;
-  const RowGrid grid = row_grid(rows, l.cols / 16);
+  const RowGrid grid = row_grid(rows, l.cols / 16, spec.format == WireFormat::kNVFP4 ? 4 : 2);
   auto* out = static_cast<uint16_t*>(out_bf16);
   const Chunks c = chunks_of(in, l);
   switch (spec.format) {
@@ -262,7 +295,7 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
     }
     case WireFormat::kMXFP8:
     {
-      const RowGrid grid = row_grid(rows, l.cols / 32);
+      const RowGrid grid = row_grid(rows, l.cols / 32, 2);
       unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales);
     }
       check_launch("unpack_mxfp8_gemm_kernel");

@@ -187,6 +187,27 @@ Cluster::Cluster(std::vector<HostTopology> hosts) : hosts_(std::move(hosts)) {
   }
 }
 
+Cluster make_cluster(const ClusterTemplate& shape) {
+  if (shape.host_count < 1 || shape.hosts_per_nvlink_domain < 1) {
+    throw std::invalid_argument("host_count=" + std::to_string(shape.host_count) + " and hosts_per_nvlink_domain=" +
+                                std::to_string(shape.hosts_per_nvlink_domain) + " must both be >= 1");
+  }
+  const int digits = static_cast<int>(std::to_string(shape.host_count - 1).size());
+  std::vector<HostTopology> hosts(shape.host_count, shape.host);
+  for (int h = 0; h < shape.host_count; ++h) {
+    HostTopology& host = hosts[h];
+    std::string index = std::to_string(h);
+    host.hostname = shape.hostname_prefix + std::string(digits - index.size(), '0') + index;
+    for (Gpu& gpu : host.gpus) {
+      if (gpu.nvlink_domain.empty()) continue;
+      gpu.nvlink_domain = shape.hosts_per_nvlink_domain == 1
+                              ? host.hostname + "/" + gpu.nvlink_domain
+                              : "nvl" + std::to_string(h / shape.hosts_per_nvlink_domain) + "/" + gpu.nvlink_domain;
+    }
+  }
+  return Cluster(std::move(hosts));
+}
+
 Cluster Cluster::from_records(const std::vector<std::string>& json_records) {
   std::vector<HostTopology> hosts;
   std::map<std::string, json> seen;  // hostname -> canonical record

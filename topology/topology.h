@@ -97,6 +97,17 @@ class Cluster {
   int domain_count_ = 0;
 };
 
+// A homogeneous cluster: host_count copies of one host shape named <hostname_prefix><index>.
+// A template GPU with nvlink_domain D gets "<hostname>/D" when hosts_per_nvlink_domain is 1, and
+// "nvl<k>/D" shared by hosts k*n .. k*n+n-1 when it is n > 1 (e.g. 18 GB200 trays per NVL72 rack).
+struct ClusterTemplate {
+  int host_count = 1;
+  int hosts_per_nvlink_domain = 1;
+  std::string hostname_prefix = "node";
+  HostTopology host;
+};
+Cluster make_cluster(const ClusterTemplate& shape);
+
 // Strict parse of one host record; errors name the JSON pointer under json_path.
 HostTopology parse_host(const nlohmann::json& j, const std::string& json_path);
 

@@ -44,7 +44,10 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   std::string best;
   size_t best_distance = std::max<size_t>(2, word.size() / 3) + 1;
   for (const std::string& candidate : candidates) {
-    const size_t distance = edit_distance(word, candidate);
+    // A truncated or extended name ("high" for "highest") is as likely a slip as a typo.
+    const bool prefix = std::min(word.size(), candidate.size()) >= 3 &&
+                        (word.rfind(candidate, 0) == 0 || candidate.rfind(word, 0) == 0);
+    const size_t distance = prefix ? 1 : edit_distance(word, candidate);
     if (distance < best_distance) {
       best_distance = distance;
       best = candidate;

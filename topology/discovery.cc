@@ -260,6 +260,21 @@ void add_driver_data(HostTopology* host) {
   host->notes.push_back("NVLink from NVML");
 }
 
+// The machine's hardware does not change while a process runs, and a live load scans PCI and dlopens
+// hwloc plugins (whose libpciaccess state would be reported as leaked once they are unloaded), so
+// the process keeps one loaded topology for its whole life.
+hwloc_topology_t live_topology() {
+  static HwlocTopology* const topology = [] {
+    auto* loaded = new HwlocTopology();
+    if (hwloc_topology_load(loaded->get()) != 0) {
+      delete loaded;
+      throw std::runtime_error("hwloc could not load this machine's topology");
+    }
+    return loaded;
+  }();
+  return topology->get();
+}
+
 }  // namespace
 
 HostTopology load_hwloc_xml(const std::string& path) {
@@ -279,9 +294,7 @@ HostTopology load_hwloc_xml(const std::string& path) {
 }
 
 HostTopology discover_local() {
-  HwlocTopology topology;
-  if (hwloc_topology_load(topology.get()) != 0) throw std::runtime_error("hwloc could not load this machine's topology");
-  HostTopology host = read_host(topology.get(), /*nvlink_from_matrix=*/false);
+  HostTopology host = read_host(live_topology(), /*nvlink_from_matrix=*/false);
   host.source = "live";
   if (host.hostname.empty()) {
     char name[256] = {0};

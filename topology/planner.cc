@@ -302,22 +302,24 @@ Plan make_plan(const Cluster& cluster, const ParallelSizes& sizes, ViolationPoli
   const HyperCommGrid grid = make_gtp_grid(sizes);
   std::vector<GroupPlan> enumerations;
   for (const GroupSpec& spec : standard_groups()) {
-    GroupPlan plan;
-    plan.spec = spec;
-    plan.key = grid.canonical_key(spec.dims, spec.view);
-    plan.groups = grid.rank_enum(spec.dims, spec.view);
-    enumerations.push_back(std::move(plan));
+    GroupPlan family;
+    family.spec = spec;
+    family.key = grid.canonical_key(spec.dims, spec.view);
+    family.groups = grid.rank_enum(spec.dims, spec.view);
+    enumerations.push_back(std::move(family));
   }
   const SlotFacts f = slot_facts(cluster);
 
-  // Rule 1 always applies; rule 2 only where the bigger block fits in the smallest domain in use.
   Plan plan;
   plan.sizes = sizes;
   plan.policy = policy;
-  std::vector<int> order(sizes.world_size);
+  std::vector<int> order(sizes.world_size);  // the launcher's order: rank r on slot r
   std::iota(order.begin(), order.end(), 0);
   int smallest = INT32_MAX;
   for (int s = 0; s < sizes.world_size; ++s) smallest = std::min(smallest, f.domain_size[f.domain[s]]);
+
+  // Rule 1 always applies; the cp and ep rules only where their block fits in the smallest domain in
+  // use. pack_block is what permute packs: the LCM of every block that must stay inside a domain.
   const int dense_block = sizes.tp * sizes.gtp_remat;
   std::vector<DomainRule> rules;
   if (dense_block > 1) rules.push_back({"tp_gtp_remat_in_nvlink_domain", "tp_gtp_remat", "tp*gtp_remat", dense_block});
@@ -326,31 +328,32 @@ Plan make_plan(const Cluster& cluster, const ParallelSizes& sizes, ViolationPoli
   if (sizes.cp > 1 && cp_block <= smallest) {
     rules.push_back({"cp_in_nvlink_domain", "tp_gtp_remat_cp", "tp*gtp_remat*cp", cp_block});
     pack_block = cp_block;
+    // No standard family spans exactly tp x gtp_remat x cp, so the rule gets a helper enumeration.
+    GroupPlan block;
+    block.spec = GroupSpec{"tp_gtp_remat_cp", "", {"tp", "gtp_remat", "cp"}};
+    block.key = grid.canonical_key(block.spec.dims);
+    block.groups = grid.rank_enum(block.spec.dims);
+    enumerations.push_back(std::move(block));
   } else if (sizes.cp > 1) {
     plan.notes.push_back("tp*gtp_remat*cp=" + std::to_string(cp_block) + " exceeds the smallest NVLink domain (" +
                          std::to_string(smallest) + " GPUs): cp groups cross domains");
   }
   const int ep_block = sizes.expt_tp * sizes.ep;
-  if (sizes.ep > 1 && ep_block <= smallest) {
+  const bool ep_fits = sizes.ep > 1 && ep_block <= smallest;
+  if (ep_fits) {
     rules.push_back({"ep_in_nvlink_domain", "tp_ep", "expt_tp*ep", ep_block});
     pack_block = lcm(pack_block, ep_block);
   } else if (sizes.ep > 1) {
     plan.notes.push_back("expt_tp*ep=" + std::to_string(ep_block) + " exceeds the smallest NVLink domain (" +
                          std::to_string(smallest) + " GPUs): ep all-to-all crosses domains");
   }
-  if (sizes.cp > 1 && cp_block <= smallest) {
-    // The cp rule checks the tp x gtp_remat x cp block, which no standard family spans alone.
-    GroupPlan block;
-    block.spec = GroupSpec{"tp_gtp_remat_cp", "", {"tp", "gtp_remat", "cp"}};
-    block.key = grid.canonical_key(block.spec.dims);
-    block.groups = grid.rank_enum(block.spec.dims);
-    enumerations.push_back(std::move(block));
-  }
 
   Evaluation eval = evaluate(cluster, f, order, enumerations, rules);
   if (policy == ViolationPolicy::kPermute && !eval.violations.empty()) {
+    // Pack the largest block that still leaves room for every rank; smaller blocks keep at least
+    // the required rules when the largest one wastes too many GPUs per domain.
     std::vector<int> packed;
-    for (int block : {pack_block, lcm(dense_block, sizes.ep > 1 && ep_block <= smallest ? ep_block : 1), dense_block}) {
+    for (int block : {pack_block, lcm(dense_block, ep_fits ? ep_block : 1), dense_block}) {
       packed = packed_order(f, sizes.world_size, block);
       if (!packed.empty()) break;
     }

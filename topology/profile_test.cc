@@ -6,6 +6,7 @@
 #include <fstream>
 #include <stdexcept>
 
+#include "topology/discovery.h"
 #include "topology/internal/test_fixtures.h"
 
 namespace gtp::topology {
@@ -160,6 +161,17 @@ TEST(Profile, ClusterForms) {
   doc = base_profile();
   doc["cluster"] = "discovered";
   EXPECT_NE(error_of(doc).find("/cluster: 'discovered' is not allowed"), std::string::npos);
+
+  // "discover" probes this machine; the test machine may have no GPU, which must be reported at
+  // world_size rather than crash.
+  const json discover = {{"schema_version", 1}, {"cluster", "discover"}, {"parallel", {{"world_size", 1}}}};
+  if (discover_local().gpus.empty()) {
+    EXPECT_NE(error_of(discover).find("/parallel/world_size: world_size=1 needs that many GPUs but the cluster has 0"),
+              std::string::npos)
+        << error_of(discover);
+  } else {
+    EXPECT_EQ(parse_profile(discover, ".").cluster_source, "discover");
+  }
 
   // hwloc_xml resolves relative paths against the profile's folder, and a NIC rate can be supplied.
   const std::string dir = getenv("TEST_TMPDIR");

@@ -282,6 +282,22 @@ std::vector<std::string> standard_group_names() {
   return names;
 }
 
+std::vector<int> Plan::rank_by_slot(int slot_count) const {
+  std::vector<int> ranks(slot_count, -1);
+  for (size_t rank = 0; rank < placement.size(); ++rank) ranks.at(placement[rank].slot) = static_cast<int>(rank);
+  return ranks;
+}
+
+SplitArgs split_args(const GroupPlan& family, int rank) {
+  const std::vector<int>& ranks = family.groups.ranks;
+  const auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end()) {
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is not in any " + family.spec.name + " group");
+  }
+  const int flat = static_cast<int>(it - ranks.begin());
+  return SplitArgs{flat / family.groups.group_size, flat % family.groups.group_size};
+}
+
 int Plan::unresolved_violations() const {
   return static_cast<int>(std::count_if(violations.begin(), violations.end(), [](const Violation& v) { return !v.resolved; }));
 }

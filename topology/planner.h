@@ -72,12 +72,24 @@ struct Plan {
   std::vector<Violation> violations;
   std::vector<std::string> notes;
 
+  // For the process on each cluster slot, the grid rank it plays (-1 on unused slots): what a
+  // launcher-ordered world communicator needs to re-key its ranks after a permutation.
+  std::vector<int> rank_by_slot(int slot_count) const;
+
   int unresolved_violations() const;
   // False when the policy refuses the placement: fail with any violation, or permute that could
   // not fix them all. warn is always ok.
   bool ok() const;
   const GroupPlan& group(const std::string& name) const;
 };
+
+// A rank's communicator split arguments for one family: color = index of its group, key = its
+// position in the group (ncclCommSplit). Throws std::invalid_argument for a rank outside the plan.
+struct SplitArgs {
+  int color = 0;
+  int key = 0;
+};
+SplitArgs split_args(const GroupPlan& family, int rank);
 
 // Throws std::invalid_argument when the cluster has fewer GPUs than sizes.world_size.
 Plan make_plan(const Cluster& cluster, const ParallelSizes& sizes, ViolationPolicy policy);

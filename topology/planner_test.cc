@@ -64,6 +64,12 @@ TEST(Planner, TwoDgxH100NodesTp2G4Dp2) {
   EXPECT_EQ(plan.group("tp_gtp_remat").key, "gtp_remat-tp");
   EXPECT_EQ(plan.group("gtp_remat_dp").groups.group(0), (std::vector<int>{0, 2, 4, 6, 8, 10, 12, 14}));
   EXPECT_EQ(plan.group("pp").worst_link, LinkClass::kLocal);
+  // ncclCommSplit arguments: rank 5 is in gtp_remat group {1,3,5,7} at position 2.
+  EXPECT_EQ(split_args(gtp, 5).color, 1);
+  EXPECT_EQ(split_args(gtp, 5).key, 2);
+  EXPECT_EQ(split_args(dp, 9).color, 1);
+  EXPECT_EQ(split_args(dp, 9).key, 1);
+  EXPECT_THROW(split_args(gtp, 16), std::invalid_argument);
   EXPECT_EQ(plan.group("ep").groups.num_groups(), 16);
 }
 
@@ -112,6 +118,11 @@ TEST(Planner, Nvl72Gtp64PermutesWholeGroupsIntoRacks) {
   std::set<int> slots;
   for (const RankPlacement& p : plan.placement) slots.insert(p.slot);
   EXPECT_EQ(slots.size(), 128u);  // a permutation: every rank on its own GPU
+  const std::vector<int> by_slot = plan.rank_by_slot(cluster.gpu_count());
+  EXPECT_EQ(by_slot[72], 64);
+  EXPECT_EQ(by_slot[64], -1);  // the 8 spare GPUs of rack 0
+  EXPECT_EQ(by_slot[143], -1);
+  for (int rank = 0; rank < 128; ++rank) EXPECT_EQ(by_slot[plan.placement[rank].slot], rank);
 }
 
 TEST(Planner, InterleavedHostOrderIsFixedByPermute) {

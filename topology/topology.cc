@@ -256,7 +256,7 @@ std::string format_host(const HostTopology& host) {
       std::string peers;
       for (const NvlinkPeer& link : gpu.nvlink) {
         char peer[96];
-        std::snprintf(peer, sizeof peer, "%s%s %s:%g", peers.empty() ? "" : ", ", link.peer_kind.c_str(),
+        std::snprintf(peer, sizeof peer, "%s%s %s=%g", peers.empty() ? "" : ", ", link.peer_kind.c_str(),
                       link.peer.c_str(), link.gbytes_per_s);
         peers += peer;
       }

@@ -105,7 +105,7 @@ TEST(HostRecord, ReadableTable) {
   EXPECT_NE(table.find("host drac-12.grenoble.grid5000.fr"), std::string::npos) << table;
   EXPECT_NE(table.find("packages: 2   NUMA nodes: 2   GPUs: 4   NICs: 0"), std::string::npos) << table;
   EXPECT_NE(table.find("0003:01:00.0"), std::string::npos);
-  EXPECT_NE(table.find("gpu 0003:01:00.0:40"), std::string::npos) << table;
+  EXPECT_NE(table.find("gpu 0003:01:00.0=40"), std::string::npos) << table;
 }
 
 }  // namespace

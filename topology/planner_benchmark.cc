@@ -2,7 +2,8 @@
 //   bazel run -c opt //topology:planner_benchmark
 #include <benchmark/benchmark.h>
 
-#include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "topology/internal/test_clusters.h"
 #include "topology/planner.h"

@@ -26,12 +26,6 @@ double Gpu::nvlink_gbytes_per_s_to(const std::string& peer_bus) const {
   return total;
 }
 
-const NumaNode* HostTopology::numa(int os_index) const {
-  for (const NumaNode& node : numa_nodes)
-    if (node.os_index == os_index) return &node;
-  return nullptr;
-}
-
 void to_json(json& j, const NvlinkPeer& v) {
   j = json{{"peer_kind", v.peer_kind}, {"peer", v.peer}, {"gbytes_per_s", v.gbytes_per_s}};
 }

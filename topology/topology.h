@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -67,8 +66,6 @@ struct HostTopology {
   std::vector<Gpu> gpus;
   std::vector<Nic> nics;
   std::vector<std::string> notes;  // what discovery could not see, and why
-
-  const NumaNode* numa(int os_index) const;
 };
 
 // The cluster view. Hosts keep their order; GPUs are numbered host-major ("slots"), which is the
@@ -76,7 +73,7 @@ struct HostTopology {
 class Cluster {
  public:
   Cluster() = default;
-  // Rejects duplicate hostnames and GPUs without a bus id or index.
+  // Rejects empty or duplicate hostnames and GPU indices repeated within a host.
   explicit Cluster(std::vector<HostTopology> hosts);
   // From per-rank JSON records as the comm layer gathers them: identical records from ranks on
   // the same host collapse into one; different records under one hostname are an error.

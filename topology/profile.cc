@@ -17,7 +17,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kMaxSize = 1 << 24;
+constexpr int kMaxSize = 1 << 24;   // ranks: well beyond any job, small enough to stay in int math
+constexpr int kMaxHosts = 1 << 18;  // template hosts: bounds the memory a typo can request
 
 const std::vector<std::string> kParallelKeys = {
     "world_size",
@@ -66,8 +67,8 @@ Cluster parse_cluster(const json& value, const std::string& base_dir, std::strin
     JsonReader t(r.raw("template"), r.path_of("template"));
     t.allow_only({"host_count", "hosts_per_nvlink_domain", "hostname_prefix", "host"});
     ClusterTemplate shape;
-    shape.host_count = static_cast<int>(t.required_integer("host_count", 1, kMaxSize));
-    shape.hosts_per_nvlink_domain = static_cast<int>(t.integer("hosts_per_nvlink_domain", 1, 1, kMaxSize));
+    shape.host_count = static_cast<int>(t.required_integer("host_count", 1, kMaxHosts));
+    shape.hosts_per_nvlink_domain = static_cast<int>(t.integer("hosts_per_nvlink_domain", 1, 1, kMaxHosts));
     shape.hostname_prefix = t.string("hostname_prefix", "node");
     if (!t.has("host")) t.fail("host", "missing: add \"host\": {\"gpus\": [...], ...}");
     json host = t.raw("host");

@@ -1,0 +1,277 @@
+#include "topology/topology.h"
+
+#include <cstdio>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include "topology/internal/json_reader.h"
+
+namespace gtp::topology {
+
+using internal::JsonReader;
+using nlohmann::json;
+
+double Gpu::nvswitch_gbytes_per_s() const {
+  double total = 0;
+  for (const NvlinkPeer& link : nvlink)
+    if (link.peer_kind == "nvswitch") total += link.gbytes_per_s;
+  return total;
+}
+
+double Gpu::nvlink_gbytes_per_s_to(const std::string& peer_bus) const {
+  double total = 0;
+  for (const NvlinkPeer& link : nvlink)
+    if (link.peer_kind == "gpu" && link.peer == peer_bus) total += link.gbytes_per_s;
+  return total;
+}
+
+void to_json(json& j, const NvlinkPeer& v) {
+  j = json{{"peer_kind", v.peer_kind}, {"peer", v.peer}, {"gbytes_per_s", v.gbytes_per_s}};
+}
+void to_json(json& j, const Package& v) { j = json{{"os_index", v.os_index}, {"cpuset", v.cpuset}}; }
+void to_json(json& j, const NumaNode& v) {
+  j = json{{"os_index", v.os_index}, {"cpuset", v.cpuset}, {"memory_bytes", v.memory_bytes}};
+}
+void to_json(json& j, const Gpu& v) {
+  j = json{{"index", v.index},         {"bus_id", v.bus_id},       {"model", v.model},
+           {"uuid", v.uuid},           {"numa_node", v.numa_node}, {"cpuset", v.cpuset},
+           {"pcie_gbytes_per_s", v.pcie_gbytes_per_s}, {"nvlink", v.nvlink}, {"nvlink_domain", v.nvlink_domain}};
+}
+void to_json(json& j, const Nic& v) {
+  j = json{{"name", v.name},     {"interfaces", v.interfaces}, {"kind", v.kind},
+           {"bus_id", v.bus_id}, {"numa_node", v.numa_node},   {"gbytes_per_s", v.gbytes_per_s}};
+}
+void to_json(json& j, const HostTopology& v) {
+  j = json{{"hostname", v.hostname}, {"source", v.source}, {"packages", v.packages}, {"numa_nodes", v.numa_nodes},
+           {"gpus", v.gpus},         {"nics", v.nics},     {"notes", v.notes}};
+}
+void to_json(json& j, const Cluster& v) { j = json{{"hosts", v.hosts()}}; }
+
+namespace {
+
+constexpr int64_t kMaxIndex = 1 << 20;
+
+template <typename T, typename Parse>
+std::vector<T> parse_list(const JsonReader& reader, const std::string& key, Parse parse) {
+  std::vector<T> out;
+  const json* list = reader.optional_array(key);
+  if (!list) return out;
+  for (size_t i = 0; i < list->size(); ++i) out.push_back(parse((*list)[i], reader.path_of(key) + "/" + std::to_string(i)));
+  return out;
+}
+
+std::vector<std::string> parse_strings(const JsonReader& reader, const std::string& key) {
+  std::vector<std::string> out;
+  const json* list = reader.optional_array(key);
+  if (!list) return out;
+  for (size_t i = 0; i < list->size(); ++i) {
+    if (!(*list)[i].is_string()) reader.fail(key, "element " + std::to_string(i) + " is not a string: quote it");
+    out.push_back((*list)[i].get<std::string>());
+  }
+  return out;
+}
+
+NvlinkPeer parse_nvlink(const json& j, const std::string& path) {
+  JsonReader r(j, path);
+  r.allow_only({"peer_kind", "peer", "gbytes_per_s"});
+  return NvlinkPeer{r.choice("peer_kind", "gpu", {"gpu", "nvswitch", "cpu"}), r.required_string("peer"),
+                    r.number("gbytes_per_s", 0, 0)};
+}
+
+Package parse_package(const json& j, const std::string& path) {
+  JsonReader r(j, path);
+  r.allow_only({"os_index", "cpuset"});
+  return Package{static_cast<int>(r.integer("os_index", -1, -1, kMaxIndex)), r.string("cpuset", "")};
+}
+
+NumaNode parse_numa(const json& j, const std::string& path) {
+  JsonReader r(j, path);
+  r.allow_only({"os_index", "cpuset", "memory_bytes"});
+  return NumaNode{static_cast<int>(r.required_integer("os_index", 0, kMaxIndex)), r.string("cpuset", ""),
+                  static_cast<uint64_t>(r.integer("memory_bytes", 0, 0, INT64_MAX))};
+}
+
+Gpu parse_gpu(const json& j, const std::string& path) {
+  JsonReader r(j, path);
+  r.allow_only({"index", "bus_id", "model", "uuid", "numa_node", "cpuset", "pcie_gbytes_per_s", "nvlink",
+                "nvlink_domain"});
+  Gpu gpu;
+  gpu.index = static_cast<int>(r.required_integer("index", 0, kMaxIndex));
+  gpu.bus_id = r.string("bus_id", "");
+  gpu.model = r.string("model", "");
+  gpu.uuid = r.string("uuid", "");
+  gpu.numa_node = static_cast<int>(r.integer("numa_node", -1, -1, kMaxIndex));
+  gpu.cpuset = r.string("cpuset", "");
+  gpu.pcie_gbytes_per_s = r.number("pcie_gbytes_per_s", 0, 0);
+  gpu.nvlink = parse_list<NvlinkPeer>(r, "nvlink", parse_nvlink);
+  gpu.nvlink_domain = r.string("nvlink_domain", "");
+  return gpu;
+}
+
+Nic parse_nic(const json& j, const std::string& path) {
+  JsonReader r(j, path);
+  r.allow_only({"name", "interfaces", "kind", "bus_id", "numa_node", "gbytes_per_s"});
+  Nic nic;
+  nic.name = r.required_string("name");
+  nic.interfaces = parse_strings(r, "interfaces");
+  nic.kind = r.choice("kind", "network", {"infiniband", "ethernet", "network"});
+  nic.bus_id = r.string("bus_id", "");
+  nic.numa_node = static_cast<int>(r.integer("numa_node", -1, -1, kMaxIndex));
+  nic.gbytes_per_s = r.number("gbytes_per_s", 0, 0);
+  return nic;
+}
+
+}  // namespace
+
+HostTopology parse_host(const json& j, const std::string& json_path) {
+  JsonReader r(j, json_path);
+  r.allow_only({"hostname", "source", "packages", "numa_nodes", "gpus", "nics", "notes"});
+  HostTopology host;
+  host.hostname = r.required_string("hostname");
+  host.source = r.string("source", "");
+  host.packages = parse_list<Package>(r, "packages", parse_package);
+  host.numa_nodes = parse_list<NumaNode>(r, "numa_nodes", parse_numa);
+  host.gpus = parse_list<Gpu>(r, "gpus", parse_gpu);
+  host.nics = parse_list<Nic>(r, "nics", parse_nic);
+  host.notes = parse_strings(r, "notes");
+  return host;
+}
+
+void from_json(const json& j, NvlinkPeer& v) { v = parse_nvlink(j, ""); }
+void from_json(const json& j, Package& v) { v = parse_package(j, ""); }
+void from_json(const json& j, NumaNode& v) { v = parse_numa(j, ""); }
+void from_json(const json& j, Gpu& v) { v = parse_gpu(j, ""); }
+void from_json(const json& j, Nic& v) { v = parse_nic(j, ""); }
+void from_json(const json& j, HostTopology& v) { v = parse_host(j, ""); }
+void from_json(const json& j, Cluster& v) {
+  JsonReader r(j, "");
+  r.allow_only({"hosts"});
+  v = Cluster(parse_list<HostTopology>(r, "hosts", parse_host));
+}
+
+Cluster::Cluster(std::vector<HostTopology> hosts) : hosts_(std::move(hosts)) {
+  std::set<std::string> hostnames;
+  std::map<std::string, int> domain_ids;
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    const HostTopology& host = hosts_[h];
+    if (host.hostname.empty()) {
+      throw std::invalid_argument("host " + std::to_string(h) + " has no hostname: give every host a unique name");
+    }
+    if (!hostnames.insert(host.hostname).second) {
+      throw std::invalid_argument("hostname '" + host.hostname + "' appears twice: host names must be unique");
+    }
+    std::set<int> indices;
+    for (size_t g = 0; g < host.gpus.size(); ++g) {
+      const Gpu& gpu = host.gpus[g];
+      if (!indices.insert(gpu.index).second) {
+        throw std::invalid_argument("host '" + host.hostname + "' lists GPU index " + std::to_string(gpu.index) +
+                                    " twice: GPU indices must be unique per host");
+      }
+      slot_host_.push_back(static_cast<int>(h));
+      slot_gpu_.push_back(static_cast<int>(g));
+      if (gpu.nvlink_domain.empty()) {
+        slot_domain_.push_back(domain_count_++);
+      } else {
+        auto it = domain_ids.emplace(gpu.nvlink_domain, domain_count_);
+        if (it.second) ++domain_count_;
+        slot_domain_.push_back(it.first->second);
+      }
+    }
+  }
+}
+
+Cluster make_cluster(const ClusterTemplate& shape) {
+  if (shape.host_count < 1 || shape.hosts_per_nvlink_domain < 1) {
+    throw std::invalid_argument("host_count=" + std::to_string(shape.host_count) + " and hosts_per_nvlink_domain=" +
+                                std::to_string(shape.hosts_per_nvlink_domain) + " must both be >= 1");
+  }
+  const int digits = static_cast<int>(std::to_string(shape.host_count - 1).size());
+  std::vector<HostTopology> hosts(shape.host_count, shape.host);
+  for (int h = 0; h < shape.host_count; ++h) {
+    HostTopology& host = hosts[h];
+    std::string index = std::to_string(h);
+    host.hostname = shape.hostname_prefix + std::string(digits - index.size(), '0') + index;
+    for (Gpu& gpu : host.gpus) {
+      if (gpu.nvlink_domain.empty()) continue;
+      gpu.nvlink_domain = shape.hosts_per_nvlink_domain == 1
+                              ? host.hostname + "/" + gpu.nvlink_domain
+                              : "nvl" + std::to_string(h / shape.hosts_per_nvlink_domain) + "/" + gpu.nvlink_domain;
+    }
+  }
+  return Cluster(std::move(hosts));
+}
+
+Cluster Cluster::from_records(const std::vector<std::string>& json_records) {
+  std::vector<HostTopology> hosts;
+  std::map<std::string, json> seen;  // hostname -> canonical record
+  for (size_t i = 0; i < json_records.size(); ++i) {
+    const std::string path = "/records/" + std::to_string(i);
+    json record;
+    try {
+      record = json::parse(json_records[i]);
+    } catch (const json::parse_error& error) {
+      throw std::invalid_argument(path + ": not valid JSON (" + error.what() + "): send to_json(HostTopology)");
+    }
+    HostTopology host = parse_host(record, path);
+    const json canonical = host;
+    auto it = seen.find(host.hostname);
+    if (it != seen.end()) {
+      if (it->second != canonical) {
+        throw std::invalid_argument(path + ": host '" + host.hostname +
+                                    "' sent a record that differs from an earlier one: every rank on a host must "
+                                    "report the same topology (check that discovery ran with the same inputs)");
+      }
+      continue;
+    }
+    seen.emplace(host.hostname, canonical);
+    hosts.push_back(std::move(host));
+  }
+  return Cluster(std::move(hosts));
+}
+
+std::string format_host(const HostTopology& host) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "host %s (source: %s)\n", host.hostname.c_str(), host.source.c_str());
+  out += line;
+  std::snprintf(line, sizeof line, "  packages: %zu   NUMA nodes: %zu   GPUs: %zu   NICs: %zu\n", host.packages.size(),
+                host.numa_nodes.size(), host.gpus.size(), host.nics.size());
+  out += line;
+  out += "\n  NUMA  memory(GiB)  cpuset\n";
+  for (const NumaNode& node : host.numa_nodes) {
+    std::snprintf(line, sizeof line, "  %4d  %11.1f  %s\n", node.os_index, node.memory_bytes / double(1ull << 30),
+                  node.cpuset.c_str());
+    out += line;
+  }
+  if (!host.gpus.empty()) {
+    out += "\n  GPU  bus id        NUMA  PCIe GB/s  NVLink domain         NVLink peers (GB/s)            model\n";
+    for (const Gpu& gpu : host.gpus) {
+      std::string peers;
+      for (const NvlinkPeer& link : gpu.nvlink) {
+        char peer[96];
+        std::snprintf(peer, sizeof peer, "%s%s %s=%g", peers.empty() ? "" : ", ", link.peer_kind.c_str(),
+                      link.peer.c_str(), link.gbytes_per_s);
+        peers += peer;
+      }
+      std::snprintf(line, sizeof line, "  %3d  %-12s  %4d  %9.2f  %-20s  %-29s  %s\n", gpu.index, gpu.bus_id.c_str(),
+                    gpu.numa_node, gpu.pcie_gbytes_per_s, gpu.nvlink_domain.empty() ? "-" : gpu.nvlink_domain.c_str(),
+                    peers.empty() ? "-" : peers.c_str(), gpu.model.c_str());
+      out += line;
+    }
+  }
+  if (!host.nics.empty()) {
+    out += "\n  NIC         kind        bus id        NUMA  GB/s   interfaces\n";
+    for (const Nic& nic : host.nics) {
+      std::string interfaces;
+      for (const std::string& name : nic.interfaces) interfaces += (interfaces.empty() ? "" : ",") + name;
+      std::snprintf(line, sizeof line, "  %-10s  %-10s  %-12s  %4d  %5.1f  %s\n", nic.name.c_str(), nic.kind.c_str(),
+                    nic.bus_id.c_str(), nic.numa_node, nic.gbytes_per_s, interfaces.c_str());
+      out += line;
+    }
+  }
+  for (const std::string& note : host.notes) out += "  note: " + note + "\n";
+  return out;
+}
+
+}  // namespace gtp::topology

@@ -140,15 +140,17 @@ UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chr
 
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
-  const bool force = !failure_.empty();
+  // Even after a failure, live endpoints are flushed rather than forced: UCX 1.13's tcp transport can
+  // trip an internal assertion when a peer force-closes a connection that still carries traffic.
   const auto deadline = Clock::now() + kBestEffortWait;
   for (auto& [rank, endpoint] : endpoints_) {
-    close_endpoint(worker_, *endpoint, force || endpoint->failure != UCS_OK, deadline);
+    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK, deadline);
   }
   // Closing the endpoints completed (or failed) whatever was still in flight.
   for (PendingSend& pending : pending_sends_) {
     if (pending.request != nullptr) ucp_request_free(pending.request);
   }
+  discard_unexpected_messages();
 }
 
 void UcxPeers::add(int rank, std::unique_ptr<Endpoint> endpoint) { endpoints_[rank] = std::move(endpoint); }
@@ -285,21 +287,7 @@ UcxPeers::Probed UcxPeers::wait_for_message(std::uint64_t tag, std::uint64_t mas
     probed.message = ucp_tag_probe_nb(worker_.handle(), tag, mask, 1, &probed.info);
     if (probed.message != nullptr) return probed;
 
-    ucp_tag_recv_info_t abort_info{};
-    ucp_tag_message_h abort_message =
-        ucp_tag_probe_nb(worker_.handle(), make_tag(0, MessageKind::kAbort, 0), kKindMask, 1, &abort_info);
-    if (abort_message != nullptr) {
-      std::string payload(abort_info.length, '\0');
-      ucp_request_param_t param{};
-      void* request = ucp_tag_msg_recv_nbx(worker_.handle(), payload.data(), payload.size(), abort_message, &param);
-      const auto abort_deadline = Clock::now() + kBestEffortWait;
-      while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS &&
-             Clock::now() < abort_deadline) {
-        worker_.progress_or_wait(std::chrono::milliseconds(10));
-      }
-      if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-      rethrow_abort(tag_sender(abort_info.sender_tag), payload.substr(std::min(payload.size(), sizeof(MessageHeader))));
-    }
+    rethrow_pending_abort();
 
     if (src >= 0) {
       const Endpoint& endpoint = *endpoints_.at(src);
@@ -372,7 +360,26 @@ void UcxPeers::abort_peers(const std::string& payload, int except) {
   drain_best_effort();
 }
 
+void UcxPeers::rethrow_pending_abort() {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message =
+      ucp_tag_probe_nb(worker_.handle(), make_tag(0, MessageKind::kAbort, 0), kKindMask, 1, &info);
+  if (message == nullptr) return;
+  std::string payload(info.length, '\0');
+  ucp_request_param_t param{};
+  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), payload.data(), payload.size(), message, &param);
+  const auto deadline = Clock::now() + kBestEffortWait;
+  while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
+    worker_.progress_or_wait(std::chrono::milliseconds(10));
+  }
+  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  rethrow_abort(tag_sender(info.sender_tag), payload.substr(std::min(payload.size(), sizeof(MessageHeader))));
+}
+
 void UcxPeers::fail(AbortKind kind, const std::string& message) {
+  // A peer that aborted the job and then closed its endpoints explains a failed transfer better than
+  // the transfer error itself does.
+  if (failure_.empty() && kind != AbortKind::kInvalidArgument) rethrow_pending_abort();
   if (failure_.empty()) {
     failure_ = message;
     abort_peers(std::string(1, static_cast<char>(kind)) + message, -1);
@@ -389,6 +396,22 @@ void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
     if (relay_aborts_) abort_peers(payload, sender);
   }
   throw_for(kind, message);
+}
+
+void UcxPeers::discard_unexpected_messages() {
+  // Aborts and goodbyes nobody waited for; receiving them keeps UCX from warning at worker teardown.
+  const auto deadline = Clock::now() + kBestEffortWait;
+  ucp_tag_recv_info_t info{};
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info)) {
+    std::string sink(info.length, '\0');
+    ucp_request_param_t param{};
+    void* request = ucp_tag_msg_recv_nbx(worker_.handle(), sink.data(), sink.size(), message, &param);
+    while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS &&
+           Clock::now() < deadline) {
+      worker_.progress_or_wait(std::chrono::milliseconds(10));
+    }
+    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  }
 }
 
 void UcxPeers::say_goodbye() {

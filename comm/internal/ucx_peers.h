@@ -112,6 +112,8 @@ class UcxPeers {
   void complete(void* request, Clock::time_point deadline, int peer);
   void drain_best_effort();
   void abort_peers(const std::string& payload, int except);
+  void rethrow_pending_abort();  // throws what a peer's ABORT asks for, if one is waiting
+  void discard_unexpected_messages();
   [[noreturn]] void rethrow_abort(int sender, const std::string& payload);
   void say_goodbye();
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "comm/errors.h"
 #include "comm/host.h"
 #include "comm/internal/bf16.h"
 

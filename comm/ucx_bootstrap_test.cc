@@ -121,6 +121,14 @@ TEST(UcxBootstrap, MismatchedWorldSizeFailsOnBothSides) {
   EXPECT_TRUE(contains(expect_error<std::invalid_argument>(errors[1]), "world size 3 but rank 0 with 2"));
 }
 
+TEST(UcxBootstrap, TwoProcessesClaimingOneRankFail) {
+  const int port = free_port();
+  const auto errors = run_ranks(3, [&](int thread) {
+    UcxBootstrap bootstrap(loopback(thread == 0 ? 0 : 1, 3, port, milliseconds(10000)));  // threads 1 and 2 say rank 1
+  });
+  EXPECT_TRUE(contains(expect_error<std::invalid_argument>(errors[0]), "two processes claim rank 1"));
+}
+
 TEST(UcxBootstrap, MismatchedAllgatherSizesFailOnEveryRank) {
   const auto errors = run_job(3, milliseconds(10000), [](UcxBootstrap& bootstrap) {
     std::vector<char> send(bootstrap.rank() == 2 ? 16 : 8), recv(3 * send.size());

@@ -227,6 +227,23 @@ void NcclComm::check_async_error() {
   throw CommError("NCCL reported an asynchronous error: " + detail + "; the communicator was aborted", false);
 }
 
+void NcclComm::wait_enqueued(std::chrono::milliseconds timeout) {
+  if (comm_ == nullptr) return;
+  const auto deadline = Clock::now() + timeout;
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    const ncclResult_t polled = ncclCommGetAsyncError(comm_, &state);
+    if (polled != ncclSuccess) state = polled;
+    if (state != ncclInProgress) break;
+    if (Clock::now() >= deadline) {
+      abort();
+      throw CommError("NCCL operation still not enqueued after the timeout; the communicator was aborted", true);
+    }
+    std::this_thread::yield();
+  }
+  check_async_error();
+}
+
 void NcclComm::abort() {
   if (comm_ != nullptr && owned_) ncclCommAbort(comm_);
   comm_ = nullptr;

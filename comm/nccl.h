@@ -66,6 +66,9 @@ class NcclComm {
   // Polls NCCL's asynchronous error state; on an error, aborts an owned communicator and throws
   // CommError with NCCL's last error text. Cheap enough to call after every step.
   void check_async_error();
+  // A non-blocking communicator may return ncclInProgress from a collective while it is still being
+  // enqueued: waits until it is, or aborts and throws (CommError, timed out) after `timeout`.
+  void wait_enqueued(std::chrono::milliseconds timeout);
   // Aborts an owned communicator now (pending NCCL work is cancelled); a borrowed one is only released.
   void abort();
 

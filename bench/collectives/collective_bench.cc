@@ -16,9 +16,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: gtp-bench all_gather|reduce_scatter [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] "
-    "[-c 0|1] [-d float|bfloat16] [-o sum|mean] [--json PATH]";
+    "[-c 0|1] [-d float|bfloat16] [-o sum|mean] [--json PATH] [--path auto|host|gpu]";
 
-std::size_t type_size(comm::HostDataType type) { return type == comm::HostDataType::kFloat32 ? 4 : 2; }
 const char* type_name(comm::HostDataType type) { return type == comm::HostDataType::kFloat32 ? "float" : "bfloat16"; }
 
 int parse_int(const std::string& flag, const std::string& text, int min) {
@@ -64,6 +63,8 @@ float rounded(float value, comm::HostDataType type) {
 
 }  // namespace
 
+std::size_t type_size(comm::HostDataType type) { return type == comm::HostDataType::kFloat32 ? 4 : 2; }
+
 std::size_t parse_size(const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
@@ -100,6 +101,9 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     else if (flag == "-w") options.warmup = parse_int(flag, value, 0);
     else if (flag == "-c") options.check = parse_int(flag, value, 0) != 0;
     else if (flag == "--json") options.json_path = value;
+    else if (flag == "--path" && (value == "auto" || value == "host" || value == "gpu")) {
+      options.path = value == "auto" ? BenchPath::kAuto : value == "host" ? BenchPath::kHost : BenchPath::kGpu;
+    }
     else if (flag == "-d" && (value == "float" || value == "bfloat16")) {
       options.type = value == "float" ? comm::HostDataType::kFloat32 : comm::HostDataType::kBFloat16;
     } else if (flag == "-o" && (value == "sum" || value == "mean")) {
@@ -117,25 +121,95 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
 
 double bus_bandwidth_factor(int ranks) { return static_cast<double>(ranks - 1) / ranks; }
 
-std::vector<BenchRow> run_bench(comm::HostComm& comm, comm::Bootstrap& bootstrap, const BenchOptions& options) {
-  const int n = comm.size();
-  const int rank = comm.rank();
+std::vector<SweepPoint> sweep(const BenchOptions& options, int ranks) {
+  std::vector<SweepPoint> points;
   const std::size_t element_bytes = type_size(options.type);
-  std::vector<BenchRow> rows;
   for (std::size_t requested = options.min_bytes; requested <= options.max_bytes; requested *= options.factor) {
-    // As nccl-tests: S is rounded down so every rank gets the same whole number of elements.
-    const std::size_t per_rank_count = requested / (element_bytes * n);
-    const std::size_t count = per_rank_count * n;
-    const std::size_t size = count * element_bytes;
-    const std::size_t shard_bytes = per_rank_count * element_bytes;
-    std::vector<unsigned char> input(options.collective == Collective::kAllGather ? shard_bytes : size);
-    std::vector<unsigned char> output(options.collective == Collective::kAllGather ? size : shard_bytes);
-    fill(input, options.type, rank, options.collective == Collective::kAllGather ? rank * per_rank_count : 0);
+    const std::size_t per_rank_count = requested / (element_bytes * ranks);
+    points.push_back({per_rank_count * ranks * element_bytes, per_rank_count * ranks, per_rank_count});
+    if (requested > options.max_bytes / options.factor) break;  // the next size is past -e (and may overflow)
+  }
+  return points;
+}
+
+std::vector<unsigned char> make_input(const BenchOptions& options, const SweepPoint& point, int rank) {
+  const bool gather = options.collective == Collective::kAllGather;
+  std::vector<unsigned char> input(gather ? point.per_rank_count * type_size(options.type) : point.size);
+  fill(input, options.type, rank, gather ? rank * point.per_rank_count : 0);
+  return input;
+}
+
+long long count_wrong(const std::vector<unsigned char>& output, const BenchOptions& options, const SweepPoint& point,
+                      int rank, int ranks, double epsilon) {
+  long long wrong = 0;
+  const std::size_t elements = output.size() / type_size(options.type);
+  for (std::size_t i = 0; i < elements; ++i) {
+    const float got = element(output, options.type, i);
+    if (options.collective == Collective::kAllGather) {
+      const int source = static_cast<int>(i / point.per_rank_count);
+      wrong += got != rounded(input_value(source, i), options.type);
+      continue;
+    }
+    double expected = 0, magnitude = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const float value = rounded(input_value(r, rank * point.per_rank_count + i), options.type);
+      expected += value;
+      magnitude += std::fabs(value);
+    }
+    if (options.op == comm::HostReduceOp::kMean) {
+      expected /= ranks;
+      magnitude /= ranks;
+    }
+    // Accumulation error, plus one rounding of the result to BF16.
+    const double tolerance = ranks * magnitude * epsilon +
+                             (options.type == comm::HostDataType::kBFloat16 ? std::fabs(expected) / 256 : 0);
+    wrong += std::fabs(got - expected) > tolerance;
+  }
+  return wrong;
+}
+
+BenchRow summarize(comm::Bootstrap& bootstrap, const BenchOptions& options, const SweepPoint& point, double mean_us,
+                   long long wrong, const std::string& path) {
+  const int n = bootstrap.world_size();
+  // nccl-tests' default: time averaged over ranks; #wrong summed over ranks.
+  struct Sample {
+    double time_us;
+    long long wrong;
+  } mine{mean_us, wrong};
+  std::vector<Sample> everyone(n);
+  bootstrap.allgather(&mine, everyone.data(), sizeof(Sample));
+  BenchRow row{point.size,
+               point.count,
+               type_name(options.type),
+               options.collective == Collective::kAllGather ? "none"
+               : options.op == comm::HostReduceOp::kSum    ? "sum"
+                                                           : "mean",
+               0,
+               0,
+               0,
+               options.check ? 0 : -1,
+               path};
+  for (const Sample& sample : everyone) {
+    row.time_us += sample.time_us / n;
+    if (options.check) row.wrong += sample.wrong;
+  }
+  row.algbw = static_cast<double>(point.size) / 1e3 / row.time_us;  // bytes / us / 1e3 = GB/s
+  row.busbw = row.algbw * bus_bandwidth_factor(n);
+  return row;
+}
+
+std::vector<BenchRow> run_host_bench(comm::HostComm& comm, comm::Bootstrap& bootstrap, const BenchOptions& options) {
+  std::vector<BenchRow> rows;
+  for (const SweepPoint& point : sweep(options, comm.size())) {
+    const std::size_t element_bytes = type_size(options.type);
+    const std::size_t shard_bytes = point.per_rank_count * element_bytes;
+    std::vector<unsigned char> input = make_input(options, point, comm.rank());
+    std::vector<unsigned char> output(options.collective == Collective::kAllGather ? point.size : shard_bytes);
     auto run_once = [&] {
       if (options.collective == Collective::kAllGather) {
         comm.all_gather(input.data(), output.data(), shard_bytes);
       } else {
-        comm.reduce_scatter(input.data(), output.data(), per_rank_count, options.type, options.op);
+        comm.reduce_scatter(input.data(), output.data(), point.per_rank_count, options.type, options.op);
       }
     };
     for (int i = 0; i < options.warmup; ++i) run_once();
@@ -144,78 +218,36 @@ std::vector<BenchRow> run_bench(comm::HostComm& comm, comm::Bootstrap& bootstrap
     for (int i = 0; i < options.iters; ++i) run_once();
     const double mean_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / options.iters;
-
-    long long wrong = -1;
-    if (options.check) {
-      wrong = 0;
-      for (std::size_t i = 0; i * element_bytes < output.size(); ++i) {
-        const float got = element(output, options.type, i);
-        if (options.collective == Collective::kAllGather) {
-          const int source = static_cast<int>(i / per_rank_count);
-          wrong += got != rounded(input_value(source, i), options.type);
-        } else {
-          double expected = 0, magnitude = 0;
-          for (int r = 0; r < n; ++r) {
-            const float value = rounded(input_value(r, rank * per_rank_count + i), options.type);
-            expected += value;
-            magnitude += std::fabs(value);
-          }
-          if (options.op == comm::HostReduceOp::kMean) {
-            expected /= n;
-            magnitude /= n;
-          }
-          const double tolerance = n * magnitude * std::ldexp(1.0, -23) +
-                                   (options.type == comm::HostDataType::kBFloat16 ? std::fabs(expected) / 256 : 0);
-          wrong += std::fabs(got - expected) > tolerance;
-        }
-      }
-    }
-    // nccl-tests' default: time averaged over ranks; #wrong summed over ranks.
-    struct Sample {
-      double time_us;
-      long long wrong;
-    } mine{mean_us, wrong};
-    std::vector<Sample> everyone(n);
-    bootstrap.allgather(&mine, everyone.data(), sizeof(Sample));
-    BenchRow row{size, count, type_name(options.type),
-                 options.collective == Collective::kAllGather ? "none"
-                 : options.op == comm::HostReduceOp::kSum    ? "sum"
-                                                             : "mean",
-                 0, 0, 0, options.check ? 0 : -1};
-    for (const Sample& sample : everyone) {
-      row.time_us += sample.time_us / n;
-      if (options.check) row.wrong += sample.wrong;
-    }
-    row.algbw = static_cast<double>(size) / 1e3 / row.time_us;  // bytes / us / 1e3 = GB/s
-    row.busbw = row.algbw * bus_bandwidth_factor(n);
-    rows.push_back(row);
-    if (requested > options.max_bytes / options.factor) break;  // the next size is past -e (and may overflow)
+    const long long wrong =
+        options.check ? count_wrong(output, options, point, comm.rank(), comm.size(), std::ldexp(1.0, -23)) : -1;
+    rows.push_back(summarize(bootstrap, options, point, mean_us, wrong, "host"));
   }
   return rows;
 }
 
-std::string format_header(const BenchOptions& options, int ranks) {
-  char line[512];
+std::string format_header(const BenchOptions& options, int ranks, const std::string& transport) {
+  char line[768];
   std::snprintf(line, sizeof(line),
-                "# gtp-bench %s: %d ranks, transport: host memory over UCX (no GPU path in this build)\n"
+                "# gtp-bench %s: %d ranks, transport: %s\n"
                 "# iters %d, warmup %d, check %d; time averaged over ranks; busbw = algbw * (n-1)/n\n"
-                "#%11s %12s %9s %6s %12s %10s %10s %8s\n",
-                options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter", ranks, options.iters,
-                options.warmup, options.check ? 1 : 0, "size(B)", "count", "type", "redop", "time(us)",
-                "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+                "#%11s %12s %9s %6s %12s %10s %10s %8s  %s\n",
+                options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter", ranks,
+                transport.c_str(), options.iters, options.warmup, options.check ? 1 : 0, "size(B)", "count", "type",
+                "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "path");
   return line;
 }
 
 std::string format_row(const BenchRow& row) {
   char line[256];
   const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
-  std::snprintf(line, sizeof(line), "%12zu %12zu %9s %6s %12.1f %10.3f %10.3f %8s\n", row.size, row.count,
-                row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, wrong.c_str());
+  std::snprintf(line, sizeof(line), "%12zu %12zu %9s %6s %12.1f %10.3f %10.3f %8s  %s\n", row.size, row.count,
+                row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, wrong.c_str(),
+                row.path.c_str());
   return line;
 }
 
 nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector<BenchRow>& rows,
-                       const std::string& command) {
+                       const std::string& command, const std::string& transport) {
   char host[256] = "unknown";
   gethostname(host, sizeof(host) - 1);
   const char* commit = std::getenv("GTP_COMMIT");
@@ -223,8 +255,8 @@ nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector
       {"command", command},
       {"commit", commit != nullptr ? commit : "unknown"},
       {"machine", {{"hostname", host}}},
-      {"path", "host"},
-      {"transport", "host memory over UCX"},
+      {"path", rows.empty() || rows[0].path == "host" ? "host" : "gpu"},
+      {"transport", transport},
       {"collective", options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter"},
       {"ranks", ranks},
       {"iters", options.iters},
@@ -232,7 +264,8 @@ nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector
       {"busbw_factor", bus_bandwidth_factor(ranks)},
       {"results", nlohmann::json::array()},
   };
-  for (const BenchRow& row : rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const BenchRow& row = rows[i];
     json["results"].push_back({{"size", row.size},
                                {"count", row.count},
                                {"type", row.type},
@@ -240,7 +273,13 @@ nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector
                                {"time_us", row.time_us},
                                {"algbw_gbps", row.algbw},
                                {"busbw_gbps", row.busbw},
-                               {"wrong", row.wrong}});
+                               {"wrong", row.wrong},
+                               {"path", row.path}});
+    // The GPU path measures each size twice: raw NCCL, then through libgtp's streams. The ratio of
+    // bandwidths (algbw: busbw is 0 for a single rank) is the share of raw NCCL that libgtp keeps.
+    if (row.path == "gtp_stream" && i > 0 && rows[i - 1].path == "nccl" && rows[i - 1].algbw > 0) {
+      json["results"].back()["bw_ratio_to_nccl"] = row.algbw / rows[i - 1].algbw;
+    }
   }
   return json;
 }

@@ -47,7 +47,7 @@ TEST(CollectiveBench, ThreeRanksSweepWithCheckAndJson) {
     const auto result = comm::internal::run_shell(g_launcher + " -n 3 --timeout 120 -- " + g_bench + " " +
                                                   collective + " -b 1K -e 64K -f 8 -n 3 -w 1 --json " + json_path);
     ASSERT_EQ(result.status, 0) << result.output;
-    EXPECT_NE(result.output.find("[0] #    size(B)        count      type  redop     time(us)"), std::string::npos)
+    EXPECT_NE(result.output.find("[0] #    size(B)        count      type  redop     time(us) algbw(GB/s) busbw(GB/s)   #wrong  path"), std::string::npos)
         << result.output;
     const nlohmann::json json = nlohmann::json::parse(std::ifstream(json_path));
     EXPECT_EQ(json["collective"], collective);

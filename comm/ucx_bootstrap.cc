@@ -169,6 +169,10 @@ UcxBootstrap::UcxBootstrap(const UcxBootstrapConfig& config)
                                                       : reinterpret_cast<const sockaddr_in*>(bound)->sin_port);
     }
     join_as_root(config.root_host + ":" + std::to_string(root_port_));
+    // Everyone joined: whoever connects now belongs to another job.
+    for (ucp_conn_request_h request : std::exchange(ucx_->connection_requests, {})) {
+      ucp_listener_reject(ucx_->listener, request);
+    }
     ucp_listener_destroy(ucx_->listener);
     ucx_->listener = nullptr;
   } else {
@@ -231,8 +235,9 @@ void UcxBootstrap::join_as_root(const std::string& where) {
     std::string payload;
     while (peers.try_recv_from_anyone(MessageKind::kHello, &sender, &payload)) {
       Hello hello{};
-      if (payload.size() != sizeof(hello)) continue;
+      if (payload.size() != sizeof(hello)) continue;  // not one of our clients
       std::memcpy(&hello, payload.data(), sizeof(hello));
+      if (hello.slot < world_size_ || hello.slot >= next_slot) continue;
       if (hello.world_size != world_size_) {
         peers.fail(AbortKind::kInvalidArgument,
                    "bootstrap: rank " + std::to_string(hello.rank) + " started with world size " +
@@ -245,8 +250,7 @@ void UcxBootstrap::join_as_root(const std::string& where) {
                        " (or it is out of range): give every process a distinct GTP_RANK in [0, " +
                        std::to_string(world_size_) + ")");
       }
-      peers.rename(hello.slot, hello.rank);
-      joined.insert(hello.rank);
+      if (peers.rename(hello.slot, hello.rank)) joined.insert(hello.rank);
     }
     if (Clock::now() >= deadline) {
       std::string missing;

@@ -162,10 +162,12 @@ void UcxPeers::remove(int rank) {
   endpoints_.erase(found);
 }
 
-void UcxPeers::rename(int from, int to) {
+bool UcxPeers::rename(int from, int to) {
   auto node = endpoints_.extract(from);
+  if (node.empty()) return false;
   node.key() = to;
   endpoints_.insert(std::move(node));
+  return true;
 }
 
 const Endpoint& UcxPeers::endpoint(int rank) const { return *endpoints_.at(rank); }
@@ -360,20 +362,24 @@ void UcxPeers::abort_peers(const std::string& payload, int except) {
   drain_best_effort();
 }
 
-void UcxPeers::rethrow_pending_abort() {
-  ucp_tag_recv_info_t info{};
-  ucp_tag_message_h message =
-      ucp_tag_probe_nb(worker_.handle(), make_tag(0, MessageKind::kAbort, 0), kKindMask, 1, &info);
-  if (message == nullptr) return;
-  std::string payload(info.length, '\0');
+std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t length) {
+  std::string received(length, '\0');
   ucp_request_param_t param{};
-  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), payload.data(), payload.size(), message, &param);
+  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), received.data(), received.size(), message, &param);
   const auto deadline = Clock::now() + kBestEffortWait;
   while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
     worker_.progress_or_wait(std::chrono::milliseconds(10));
   }
   if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
-  rethrow_abort(tag_sender(info.sender_tag), payload.substr(std::min(payload.size(), sizeof(MessageHeader))));
+  return received.substr(std::min(received.size(), sizeof(MessageHeader)));
+}
+
+void UcxPeers::rethrow_pending_abort() {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message =
+      ucp_tag_probe_nb(worker_.handle(), make_tag(0, MessageKind::kAbort, 0), kKindMask, 1, &info);
+  if (message == nullptr) return;
+  rethrow_abort(tag_sender(info.sender_tag), take_best_effort(message, info.length));
 }
 
 void UcxPeers::fail(AbortKind kind, const std::string& message) {
@@ -400,17 +406,9 @@ void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
 
 void UcxPeers::discard_unexpected_messages() {
   // Aborts and goodbyes nobody waited for; receiving them keeps UCX from warning at worker teardown.
-  const auto deadline = Clock::now() + kBestEffortWait;
   ucp_tag_recv_info_t info{};
   while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info)) {
-    std::string sink(info.length, '\0');
-    ucp_request_param_t param{};
-    void* request = ucp_tag_msg_recv_nbx(worker_.handle(), sink.data(), sink.size(), message, &param);
-    while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS &&
-           Clock::now() < deadline) {
-      worker_.progress_or_wait(std::chrono::milliseconds(10));
-    }
-    if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+    take_best_effort(message, info.length);
   }
 }
 
@@ -427,14 +425,7 @@ void UcxPeers::say_goodbye() {
       ucp_tag_message_h message =
           ucp_tag_probe_nb(worker_.handle(), make_tag(rank, MessageKind::kBye, 0), kFullMask, 1, &info);
       if (message != nullptr) {
-        MessageHeader header{};
-        ucp_request_param_t param{};
-        void* request = ucp_tag_msg_recv_nbx(worker_.handle(), &header, sizeof(header), message, &param);
-        while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS &&
-               Clock::now() < deadline) {
-          worker_.progress_or_wait(std::chrono::milliseconds(10));
-        }
-        if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+        take_best_effort(message, info.length);
         break;
       }
       if (endpoint->failure != UCS_OK || Clock::now() >= deadline) break;

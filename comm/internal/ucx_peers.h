@@ -72,9 +72,9 @@ class UcxPeers {
 
   void add(int rank, std::unique_ptr<Endpoint> endpoint);
   void remove(int rank);          // closes the endpoint of `rank`, if there is one
-  void rename(int from, int to);  // re-keys an endpoint once a handshake told whose it is
+  // Re-keys an endpoint once a handshake told whose it is; false when `from` is unknown.
+  bool rename(int from, int to);
   const Endpoint& endpoint(int rank) const;
-  int self_rank() const { return self_rank_; }
   Clock::time_point deadline_from_now() const { return Clock::now() + timeout_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -97,7 +97,6 @@ class UcxPeers {
   bool try_send(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
                 std::size_t bytes);
   bool try_recv_from_anyone(MessageKind kind, int* sender, std::string* payload);
-  UcxWorker& worker() { return worker_; }
 
   // Sends ABORT with `message` to every peer (best effort, bounded) and throws the matching exception.
   [[noreturn]] void fail(AbortKind kind, const std::string& message);
@@ -113,6 +112,8 @@ class UcxPeers {
   void drain_best_effort();
   void abort_peers(const std::string& payload, int except);
   void rethrow_pending_abort();  // throws what a peer's ABORT asks for, if one is waiting
+  // Receives a probed message without ever throwing (bounded wait); returns its payload.
+  std::string take_best_effort(ucp_tag_message_h message, std::size_t length);
   void discard_unexpected_messages();
   [[noreturn]] void rethrow_abort(int sender, const std::string& payload);
   void say_goodbye();

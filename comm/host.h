@@ -5,7 +5,9 @@
 // Contract: all ranks call the same collectives in the same order with the same counts and types.
 // A call completes, or throws within the timeout on every rank: std::invalid_argument when ranks
 // disagree (the message names both sides), CommError when a peer died or stalled. After an error the
-// communicator is unusable; create a new one. One thread at a time per object.
+// communicator is unusable; create a new one. Destruction is collective too: each rank waits (at most
+// the timeout) for its peers' goodbyes, so none leaves while its last messages are in flight. One thread
+// at a time per object.
 #pragma once
 
 #include <chrono>

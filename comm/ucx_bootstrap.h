@@ -30,6 +30,7 @@ class UcxBootstrap : public Bootstrap {
   // the root cannot be reached or a rank does not join within the timeout, std::invalid_argument when
   // the ranks disagree on the world size or two ranks claim the same rank.
   explicit UcxBootstrap(const UcxBootstrapConfig& config);
+  // Collective unless the job failed: waits (at most the timeout) for every peer's goodbye.
   ~UcxBootstrap() override;
 
   int rank() const override { return rank_; }

@@ -37,7 +37,7 @@ TEST(SplitAssignment, RejectsMalformedGroups) {
 }
 
 // NCCL all-gather of one int per rank on `comm`; returns what arrived.
-std::vector<int> gather_ints(const NcclComm& comm, int value) {
+std::vector<int> gather_ints(NcclComm& comm, int value) {
   const int n = comm.size();
   int *send = nullptr, *recv = nullptr;
   EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), sizeof(int)), cudaSuccess);
@@ -47,6 +47,7 @@ std::vector<int> gather_ints(const NcclComm& comm, int value) {
   EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   ncclResult_t result = ncclAllGather(send, recv, 1, ncclInt32, comm.get(), stream);
   EXPECT_TRUE(result == ncclSuccess || result == ncclInProgress) << ncclGetErrorString(result);
+  comm.wait_enqueued(kTimeout);  // a non-blocking communicator may still be enqueuing
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   std::vector<int> gathered(n);
   EXPECT_EQ(cudaMemcpy(gathered.data(), recv, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);

@@ -80,6 +80,7 @@ int exit_status(int wait_status) {
 
 [[noreturn]] void exec_rank(const LaunchOptions& options, int rank, int port, int out_fd, int err_fd) {
   setpgid(0, 0);  // its own process group, so stopping it also stops what it started
+  signal(SIGPIPE, SIG_DFL);  // the launcher ignores SIGPIPE; an ignored signal would survive exec
   dup2(out_fd, STDOUT_FILENO);
   dup2(err_fd, STDERR_FILENO);
   setenv("GTP_RANK", std::to_string(rank).c_str(), 1);

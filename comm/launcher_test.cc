@@ -50,6 +50,14 @@ TEST(Launcher, TimeoutStopsEveryRank) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
 }
 
+TEST(Launcher, RanksGetTheDefaultSigpipeBehaviour) {
+  // With SIGPIPE ignored (the launcher's own setting), `yes` would complain about a broken pipe.
+  const auto result = run_shell(g_launcher + " -n 1 -- sh -c 'yes | head -n 1'");
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "[0] y")) << result.output;
+  EXPECT_FALSE(contains(result.output, "Broken pipe")) << result.output;
+}
+
 TEST(Launcher, ReportsACommandThatCannotRun) {
   const auto result = run_shell(g_launcher + " -n 2 -- /nonexistent/program");
   EXPECT_EQ(result.status, 127) << result.output;

@@ -102,8 +102,9 @@ void run_round(ThreadBootstrap::Shared& shared, std::uint64_t sequence, int rank
     round.error_is_invalid_argument = true;
   }
   if (round.error.empty()) {
-    if (op == Operation::kAllgather) std::memcpy(round.data.data() + rank * bytes, send, bytes);
-    if (op == Operation::kBroadcast && rank == root) std::memcpy(round.data.data(), send, bytes);
+    // bytes == 0 allows null buffers, which memcpy must not see.
+    if (op == Operation::kAllgather && bytes > 0) std::memcpy(round.data.data() + rank * bytes, send, bytes);
+    if (op == Operation::kBroadcast && rank == root && bytes > 0) std::memcpy(round.data.data(), send, bytes);
     round.arrived_ranks[rank] = true;
     ++round.arrived;
   }
@@ -134,7 +135,7 @@ void run_round(ThreadBootstrap::Shared& shared, std::uint64_t sequence, int rank
     if (round.error_is_invalid_argument) throw std::invalid_argument(round.error);
     throw CommError(round.error, false);
   }
-  if (op != Operation::kBarrier && !(op == Operation::kBroadcast && rank == root)) {
+  if (op != Operation::kBarrier && !(op == Operation::kBroadcast && rank == root) && !round.data.empty()) {
     std::memcpy(recv, round.data.data(), round.data.size());
   }
   if (++round.departed == n) shared.rounds.erase(it);

@@ -58,6 +58,7 @@ inline void exercise_bootstrap(Bootstrap& bootstrap) {
     ASSERT_EQ(text, expected);
   }
   bootstrap.barrier();
+  bootstrap.allgather(nullptr, nullptr, 0);  // zero bytes: legal, with null buffers
   const std::vector<std::string> records = bootstrap.allgather_records(std::string(rank * 7 + 1, 'a' + rank));
   ASSERT_EQ(records.size(), static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) EXPECT_EQ(records[r], std::string(r * 7 + 1, 'a' + r));

@@ -46,7 +46,7 @@ HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
                                 " ms: pass a positive timeout");
   }
   worker_ = std::make_unique<internal::UcxWorker>();
-  peers_ = std::make_unique<internal::UcxPeers>(*worker_, rank_, "host comm", timeout, /*relay_aborts=*/false);
+  peers_ = std::make_unique<internal::UcxPeers>(*worker_, rank_, "host comm", timeout);
   const std::vector<std::string> addresses = bootstrap.allgather_records(worker_->address());
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;

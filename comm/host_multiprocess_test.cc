@@ -15,9 +15,9 @@ using internal::run_shell;
 
 std::string g_launcher, g_collectives_worker, g_peer_exit_worker;
 
-// The workers must not overwrite this test's own XML report.
+// The workers must not write this test's own report files (XML, premature-exit marker).
 std::string launch(int n, const std::string& worker) {
-  return "env -u XML_OUTPUT_FILE -u GTEST_OUTPUT " + g_launcher + " -n " + std::to_string(n) + " --timeout 240 -- " +
+  return "env -u XML_OUTPUT_FILE -u GTEST_OUTPUT -u TEST_PREMATURE_EXIT_FILE " + g_launcher + " -n " + std::to_string(n) + " --timeout 240 -- " +
          worker;
 }
 

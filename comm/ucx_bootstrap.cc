@@ -141,8 +141,7 @@ UcxBootstrap::UcxBootstrap(const UcxBootstrapConfig& config)
                                 " ms: set GTP_BOOTSTRAP_TIMEOUT to a positive number of seconds");
   }
   ucx_ = std::make_unique<Ucx>();
-  ucx_->peers = std::make_unique<internal::UcxPeers>(ucx_->worker, rank_, "bootstrap", config.timeout,
-                                                     /*relay_aborts=*/rank_ == 0);
+  ucx_->peers = std::make_unique<internal::UcxPeers>(ucx_->worker, rank_, "bootstrap", config.timeout);
   socklen_t length = 0;
   const sockaddr_storage address = resolve(config.root_host, config.root_port, &length);
   const std::string where = config.root_host + ":" + std::to_string(config.root_port);

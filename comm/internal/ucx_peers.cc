@@ -17,6 +17,8 @@ constexpr std::uint64_t kFullMask = ~std::uint64_t{0};
 constexpr std::uint64_t kKindMask = std::uint64_t{0xF} << 40;
 // Aborts and goodbyes are best effort: never wait longer than this for them.
 constexpr std::chrono::milliseconds kBestEffortWait{1000};
+// How long a rank that saw a peer vanish waits for an ABORT explaining why.
+constexpr std::chrono::milliseconds kAbortGrace{300};
 
 std::uint64_t make_tag(int src, MessageKind kind, std::uint64_t sequence) {
   return (static_cast<std::uint64_t>(src) << 44) | (static_cast<std::uint64_t>(kind) << 40) | (sequence & kSequenceMask);
@@ -134,9 +136,8 @@ struct UcxPeers::Probed {
   ucp_tag_recv_info_t info;
 };
 
-UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chrono::milliseconds timeout,
-                   bool relay_aborts)
-    : worker_(worker), self_rank_(self_rank), label_(std::move(label)), timeout_(timeout), relay_aborts_(relay_aborts) {}
+UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chrono::milliseconds timeout)
+    : worker_(worker), self_rank_(self_rank), label_(std::move(label)), timeout_(timeout) {}
 
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
@@ -382,10 +383,19 @@ void UcxPeers::rethrow_pending_abort() {
   rethrow_abort(tag_sender(info.sender_tag), take_best_effort(message, info.length));
 }
 
+void UcxPeers::wait_briefly_for_abort() {
+  const auto deadline = Clock::now() + std::min(timeout_, kAbortGrace);
+  for (;;) {
+    rethrow_pending_abort();
+    if (Clock::now() >= deadline) return;
+    worker_.progress_or_wait(std::chrono::milliseconds(10));
+  }
+}
+
 void UcxPeers::fail(AbortKind kind, const std::string& message) {
-  // A peer that aborted the job and then closed its endpoints explains a failed transfer better than
-  // the transfer error itself does.
-  if (failure_.empty() && kind != AbortKind::kInvalidArgument) rethrow_pending_abort();
+  // An ABORT from a peer explains a timeout or a vanished peer better than the symptom does.
+  if (failure_.empty() && kind == AbortKind::kPeerFailure) wait_briefly_for_abort();
+  if (failure_.empty() && kind == AbortKind::kTimeout) rethrow_pending_abort();
   if (failure_.empty()) {
     failure_ = message;
     abort_peers(std::string(1, static_cast<char>(kind)) + message, -1);
@@ -399,7 +409,7 @@ void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
                                               : payload.substr(1);
   if (failure_.empty()) {
     failure_ = message;
-    if (relay_aborts_) abort_peers(payload, sender);
+    abort_peers(payload, sender);
   }
   throw_for(kind, message);
 }

@@ -60,10 +60,10 @@ void close_endpoint(UcxWorker& worker, Endpoint& endpoint, bool force, Clock::ti
 
 class UcxPeers {
  public:
-  // `label` names the communicator in messages ("bootstrap", "host comm"). With `relay_aborts`, an
-  // ABORT received from one peer is forwarded to the others (the root of a star topology does this).
-  UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chrono::milliseconds timeout,
-           bool relay_aborts);
+  // `label` names the communicator in messages ("bootstrap", "host comm"). An ABORT received from one
+  // peer is forwarded to every other peer before this rank gives up: in a star it reaches the leaves,
+  // and in a mesh it reaches a peer before that peer can see this rank's endpoints close.
+  UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chrono::milliseconds timeout);
   // Unless the job failed: tells every peer goodbye and waits (bounded by the timeout) for theirs, so
   // no rank leaves while its last messages are still in flight. Then closes every endpoint.
   ~UcxPeers();
@@ -112,6 +112,9 @@ class UcxPeers {
   void drain_best_effort();
   void abort_peers(const std::string& payload, int except);
   void rethrow_pending_abort();  // throws what a peer's ABORT asks for, if one is waiting
+  // A peer that vanished may have been told to abort by another rank: wait briefly for that ABORT so
+  // this rank reports the root cause rather than the disconnection it caused.
+  void wait_briefly_for_abort();
   // Receives a probed message without ever throwing (bounded wait); returns its payload.
   std::string take_best_effort(ucp_tag_message_h message, std::size_t length);
   void discard_unexpected_messages();
@@ -122,7 +125,6 @@ class UcxPeers {
   int self_rank_;
   std::string label_;
   std::chrono::milliseconds timeout_;
-  bool relay_aborts_;
   std::map<int, std::unique_ptr<Endpoint>> endpoints_;
   std::list<PendingSend> pending_sends_;
   std::string failure_;  // the first error; non-empty once the communicator failed

@@ -55,10 +55,10 @@ TEST(HostComm, MissingPeerTimesOut) {
       }
       EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
     }
-    // Rank 1 never calls barrier; it keeps its endpoints open until rank 0 gave up.
+    // Rank 1 never calls the host barrier; the bootstrap barrier keeps it (and its endpoints) alive
+    // until rank 0 has given up.
     bootstraps[rank]->barrier();
   });
-  // Rank 1 learns of the timeout through rank 0's abort only if it were waiting; here both return.
   rethrow_first(errors);
 }
 

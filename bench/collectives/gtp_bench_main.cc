@@ -1,0 +1,84 @@
+// gtp-bench all_gather|reduce_scatter [nccl-tests flags]: one rank of the collective benchmark; start
+// it with gtp-launch, e.g.
+//   tools/gtp-launch -n 4 -- bazel-bin/bench/collectives/gtp-bench all_gather -b 1M -e 64M -f 4
+// GPU path (NCCL) when a CUDA device is present, else the host transport; the header says which.
+#include <nccl.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench/collectives/collective_bench.h"
+#include "bench/collectives/nccl_bench.h"
+#include "comm/host.h"
+#include "comm/ucx_bootstrap.h"
+
+namespace {
+
+using namespace gtp;
+
+// One GPU per rank on a host: LOCAL_RANK (torchrun) when set, else the global rank.
+int device_for(int rank, int devices) {
+  const char* local = std::getenv("LOCAL_RANK");
+  return (local != nullptr ? std::atoi(local) : rank) % devices;
+}
+
+std::string nccl_version_text() {
+  int version = 0;
+  ncclGetVersion(&version);
+  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." +
+         std::to_string(version % 100);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bench::BenchOptions options;
+  try {
+    options = bench::parse_bench_args(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "gtp-bench: %s\n", e.what());
+    return 2;
+  }
+  try {
+    const comm::UcxBootstrapConfig config = comm::UcxBootstrapConfig::from_env();
+    comm::UcxBootstrap bootstrap(config);
+    const int devices = bench::cuda_device_count();
+    if (options.path == bench::BenchPath::kGpu && devices == 0) {
+      throw std::invalid_argument("--path gpu, but this machine has no usable CUDA device: use --path host");
+    }
+    const bool gpu = options.path == bench::BenchPath::kGpu || (options.path == bench::BenchPath::kAuto && devices > 0);
+    std::vector<bench::BenchRow> rows;
+    std::string transport;
+    if (gpu) {
+      const int device = device_for(bootstrap.rank(), devices);
+      transport = "GPU, NCCL " + nccl_version_text() + ", one GPU per rank (" + std::to_string(devices) +
+                  " visible on this host)";
+      rows = bench::run_nccl_bench(bootstrap, options, device, config.timeout);
+    } else {
+      transport = std::string("host memory over UCX (") +
+                  (devices == 0 ? "no CUDA device" : "--path host") + "; measures CPU and loopback, not GPUs)";
+      comm::HostComm host(bootstrap, config.timeout);
+      rows = bench::run_host_bench(host, bootstrap, options);
+    }
+    if (bootstrap.rank() == 0) {
+      std::fputs(bench::format_header(options, bootstrap.world_size(), transport).c_str(), stdout);
+      for (const bench::BenchRow& row : rows) std::fputs(bench::format_row(row).c_str(), stdout);
+      if (!options.json_path.empty()) {
+        std::string command;
+        for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
+        std::ofstream(options.json_path)
+            << bench::to_json(options, bootstrap.world_size(), rows, command, transport).dump(2) << "\n";
+      }
+    }
+    bool any_wrong = false;
+    for (const bench::BenchRow& row : rows) any_wrong |= row.wrong > 0;
+    return any_wrong ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gtp-bench: %s\n", e.what());
+    return 1;
+  }
+}

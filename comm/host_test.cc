@@ -1,0 +1,66 @@
+// HostComm on loopback with ranks as threads of this process, each with its own UCX worker (worker
+// addresses travel over a ThreadBootstrap). Multi-process runs: host_multiprocess_test.cc.
+#include "comm/host.h"
+
+#include <gtest/gtest.h>
+
+#include "comm/errors.h"
+#include "comm/internal/host_checks.h"
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
+
+namespace gtp::comm {
+namespace {
+
+using internal::rethrow_first;
+using internal::run_ranks;
+using std::chrono::milliseconds;
+
+void run_host_job(int n, milliseconds timeout, const std::function<void(HostComm&)>& body) {
+  auto bootstraps = ThreadBootstrap::create_group(n, timeout);
+  rethrow_first(run_ranks(n, [&](int rank) {
+    HostComm comm(*bootstraps[rank], timeout);
+    body(comm);
+  }));
+}
+
+TEST(HostComm, CollectivesMatchTheReferenceForOneToThreeRanks) {
+  for (int n : {1, 2, 3}) {
+    run_host_job(n, milliseconds(30000), [](HostComm& comm) {
+      internal::check_all_gather(comm, 11);
+      internal::check_reduce_scatter(comm, 12, HostDataType::kFloat32, HostReduceOp::kSum);
+      internal::check_reduce_scatter(comm, 13, HostDataType::kBFloat16, HostReduceOp::kMean);
+      internal::check_all_reduce_max(comm, 14);
+      comm.barrier();
+    });
+  }
+}
+
+TEST(HostComm, MismatchedCountsFailOnEveryRank) {
+  run_host_job(3, milliseconds(10000), [](HostComm& comm) { internal::check_mismatched_reduce_scatter_fails(comm); });
+}
+
+TEST(HostComm, MissingPeerTimesOut) {
+  auto bootstraps = ThreadBootstrap::create_group(2, milliseconds(10000));
+  const auto errors = run_ranks(2, [&](int rank) {
+    HostComm comm(*bootstraps[rank], milliseconds(500));
+    if (rank == 0) {
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        comm.barrier();
+        ADD_FAILURE() << "barrier returned without rank 1";
+      } catch (const CommError& e) {
+        EXPECT_TRUE(e.timed_out()) << e.what();
+        EXPECT_NE(std::string(e.what()).find("waiting for rank 1"), std::string::npos) << e.what();
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(3000));
+    }
+    // Rank 1 never calls the host barrier; the bootstrap barrier keeps it (and its endpoints) alive
+    // until rank 0 has given up.
+    bootstraps[rank]->barrier();
+  });
+  rethrow_first(errors);
+}
+
+}  // namespace
+}  // namespace gtp::comm

@@ -1,0 +1,448 @@
+#include "comm/internal/ucx_peers.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "comm/errors.h"
+
+namespace gtp::comm::internal {
+namespace {
+
+constexpr std::uint64_t kFullMask = ~std::uint64_t{0};
+constexpr std::uint64_t kKindMask = std::uint64_t{0xF} << 40;
+// Aborts and goodbyes are best effort: never wait longer than this for them.
+constexpr std::chrono::milliseconds kBestEffortWait{1000};
+// How long a rank that saw a peer vanish waits for an ABORT explaining why.
+constexpr std::chrono::milliseconds kAbortGrace{300};
+
+std::uint64_t make_tag(int src, MessageKind kind, std::uint64_t sequence) {
+  return (static_cast<std::uint64_t>(src) << 44) | (static_cast<std::uint64_t>(kind) << 40) | (sequence & kSequenceMask);
+}
+
+int tag_sender(std::uint64_t tag) { return static_cast<int>(tag >> 44); }
+
+struct MessageHeader {
+  std::uint64_t payload_bytes;
+  char operation[24];
+};
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::string text = std::to_string(ms.count() / 1000.0);
+  text.erase(text.find_last_not_of('0') + 1);
+  if (text.back() == '.') text.pop_back();
+  return text + " s";
+}
+
+void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<Endpoint*>(arg)->failure = status; }
+
+[[noreturn]] void throw_for(AbortKind kind, const std::string& message) {
+  if (kind == AbortKind::kInvalidArgument) throw std::invalid_argument(message);
+  throw CommError(message, kind == AbortKind::kTimeout);
+}
+
+}  // namespace
+
+std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
+
+UcxWorker::UcxWorker() {
+  ucp_config_t* config = nullptr;
+  ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
+  if (status != UCS_OK) throw CommError("UCX: cannot read its configuration: " + status_text(status), false);
+  if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "tcp");
+
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  status = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  if (status != UCS_OK) {
+    throw CommError("UCX: ucp_init failed: " + status_text(status) + " (check the UCX_TLS / UCX_NET_DEVICES settings)",
+                    false);
+  }
+  ucp_worker_params_t worker_params{};
+  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  status = ucp_worker_create(context_, &worker_params, &worker_);
+  if (status == UCS_OK) status = ucp_worker_get_efd(worker_, &event_fd_);
+  if (status != UCS_OK) {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+    throw CommError("UCX: cannot create a worker: " + status_text(status), false);
+  }
+}
+
+UcxWorker::~UcxWorker() {
+  ucp_worker_destroy(worker_);
+  ucp_cleanup(context_);
+}
+
+std::string UcxWorker::address() const {
+  ucp_address_t* address = nullptr;
+  std::size_t length = 0;
+  const ucs_status_t status = ucp_worker_get_address(worker_, &address, &length);
+  if (status != UCS_OK) throw CommError("UCX: cannot get the worker address: " + status_text(status), false);
+  std::string packed(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(worker_, address);
+  return packed;
+}
+
+void UcxWorker::progress_or_wait(std::chrono::milliseconds max_wait) {
+  bool progressed = false;
+  while (ucp_worker_progress(worker_) != 0) progressed = true;
+  if (progressed || ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+  pollfd fd{event_fd_, POLLIN, 0};
+  poll(&fd, 1, static_cast<int>(std::max<std::int64_t>(1, max_wait.count())));
+}
+
+std::unique_ptr<Endpoint> create_endpoint(ucp_worker_h worker, ucp_ep_params_t params) {
+  auto endpoint = std::make_unique<Endpoint>();
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_endpoint_error;
+  params.err_handler.arg = endpoint.get();
+  const ucs_status_t status = ucp_ep_create(worker, &params, &endpoint->handle);
+  if (status != UCS_OK) throw CommError("UCX: cannot create an endpoint: " + status_text(status), false);
+  return endpoint;
+}
+
+void close_endpoint(UcxWorker& worker, Endpoint& endpoint, bool force, Clock::time_point deadline) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  void* request = ucp_ep_close_nbx(endpoint.handle, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
+      worker.progress_or_wait(std::chrono::milliseconds(10));
+    }
+    ucp_request_free(request);
+  }
+  endpoint.handle = nullptr;
+}
+
+struct UcxPeers::PendingSend {
+  MessageHeader header;
+  ucp_dt_iov_t iov[2];
+  void* request;
+  int dst;
+};
+
+struct UcxPeers::Probed {
+  ucp_tag_message_h message;
+  ucp_tag_recv_info_t info;
+};
+
+UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chrono::milliseconds timeout)
+    : worker_(worker), self_rank_(self_rank), label_(std::move(label)), timeout_(timeout) {}
+
+UcxPeers::~UcxPeers() {
+  if (failure_.empty()) say_goodbye();
+  // Even after a failure, live endpoints are flushed rather than forced: UCX 1.13's tcp transport can
+  // trip an internal assertion when a peer force-closes a connection that still carries traffic.
+  const auto deadline = Clock::now() + kBestEffortWait;
+  for (auto& [rank, endpoint] : endpoints_) {
+    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK, deadline);
+  }
+  // Closing the endpoints completed (or failed) whatever was still in flight.
+  for (PendingSend& pending : pending_sends_) {
+    if (pending.request != nullptr) ucp_request_free(pending.request);
+  }
+  discard_unexpected_messages();
+}
+
+void UcxPeers::add(int rank, std::unique_ptr<Endpoint> endpoint) { endpoints_[rank] = std::move(endpoint); }
+
+void UcxPeers::remove(int rank) {
+  auto found = endpoints_.find(rank);
+  if (found == endpoints_.end()) return;
+  close_endpoint(worker_, *found->second, /*force=*/true, Clock::now() + kBestEffortWait);
+  endpoints_.erase(found);
+}
+
+bool UcxPeers::rename(int from, int to) {
+  auto node = endpoints_.extract(from);
+  if (node.empty()) return false;
+  node.key() = to;
+  endpoints_.insert(std::move(node));
+  return true;
+}
+
+const Endpoint& UcxPeers::endpoint(int rank) const { return *endpoints_.at(rank); }
+
+bool UcxPeers::try_send(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
+                        std::size_t bytes) {
+  ucs_status_t ignored = UCS_OK;
+  return post(dst, kind, sequence, operation, payload, bytes, &ignored);
+}
+
+bool UcxPeers::try_recv_from_anyone(MessageKind kind, int* sender, std::string* payload) {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), make_tag(0, kind, 0), kKindMask, 1, &info);
+  if (message == nullptr) return false;
+  *sender = tag_sender(info.sender_tag);
+  std::string received(info.length, '\0');
+  ucp_request_param_t param{};
+  complete(ucp_tag_msg_recv_nbx(worker_.handle(), received.data(), received.size(), message, &param),
+           deadline_from_now(), *sender);
+  *payload = received.substr(std::min(received.size(), sizeof(MessageHeader)));
+  return true;
+}
+
+void UcxPeers::check_usable() const {
+  if (!failure_.empty()) {
+    throw CommError(label_ + " on rank " + std::to_string(self_rank_) +
+                        " is unusable after an earlier error: " + failure_ + "; create a new one",
+                    false);
+  }
+}
+
+bool UcxPeers::post(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
+                    std::size_t bytes, ucs_status_t* error) {
+  Endpoint& endpoint = *endpoints_.at(dst);
+  PendingSend& pending = pending_sends_.emplace_back();
+  pending.header.payload_bytes = bytes;
+  std::strncpy(pending.header.operation, operation, sizeof(pending.header.operation) - 1);
+  pending.header.operation[sizeof(pending.header.operation) - 1] = '\0';
+  pending.iov[0] = {&pending.header, sizeof(MessageHeader)};
+  pending.iov[1] = {const_cast<void*>(payload), bytes};
+  pending.dst = dst;
+
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_iov();
+  void* request = ucp_tag_send_nbx(endpoint.handle, pending.iov, bytes > 0 ? 2 : 1,
+                                   make_tag(self_rank_, kind, sequence), &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    pending.request = request;
+    return true;
+  }
+  pending_sends_.pop_back();
+  *error = UCS_PTR_STATUS(request);
+  return *error == UCS_OK;
+}
+
+void UcxPeers::send(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
+                    std::size_t bytes) {
+  ucs_status_t error = UCS_OK;
+  if (!post(dst, kind, sequence, operation, payload, bytes, &error)) {
+    fail(AbortKind::kPeerFailure, label_ + ": rank " + std::to_string(self_rank_) + " cannot send " + operation +
+                                      " to rank " + std::to_string(dst) + ": " + status_text(error) +
+                                      " (the peer exited or crashed)");
+  }
+}
+
+void UcxPeers::drain_best_effort() {
+  const auto deadline = Clock::now() + std::min(timeout_, kBestEffortWait);
+  while (Clock::now() < deadline) {
+    pending_sends_.remove_if([](const PendingSend& pending) {
+      if (pending.request == nullptr) return true;
+      if (ucp_request_check_status(pending.request) == UCS_INPROGRESS) return false;
+      ucp_request_free(pending.request);
+      return true;
+    });
+    if (pending_sends_.empty()) return;
+    worker_.progress_or_wait(std::chrono::milliseconds(10));
+  }
+}
+
+void UcxPeers::complete(void* request, Clock::time_point deadline, int peer) {
+  if (request == nullptr) return;
+  ucs_status_t status = UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : UCS_INPROGRESS;
+  while (status == UCS_INPROGRESS) {
+    status = ucp_request_check_status(request);
+    if (status != UCS_INPROGRESS) {
+      ucp_request_free(request);
+      break;
+    }
+    if (Clock::now() >= deadline) {
+      ucp_request_cancel(worker_.handle(), request);
+      ucp_request_free(request);
+      fail(AbortKind::kTimeout, label_ + ": rank " + std::to_string(self_rank_) + " timed out after " +
+                                    seconds_text(timeout_) + " moving data with rank " + std::to_string(peer));
+    }
+    worker_.progress_or_wait(std::chrono::milliseconds(100));
+  }
+  if (status != UCS_OK) {
+    fail(AbortKind::kPeerFailure, label_ + ": transfer between rank " + std::to_string(self_rank_) + " and rank " +
+                                      std::to_string(peer) + " failed: " + status_text(status) +
+                                      " (the peer exited or crashed; see its output)");
+  }
+}
+
+void UcxPeers::wait_sends(Clock::time_point deadline) {
+  while (!pending_sends_.empty()) {
+    // The element (its header and iov) stays alive until UCX is done with it.
+    PendingSend& pending = pending_sends_.front();
+    void* request = std::exchange(pending.request, nullptr);
+    complete(request, deadline, pending.dst);
+    pending_sends_.pop_front();
+  }
+}
+
+UcxPeers::Probed UcxPeers::wait_for_message(std::uint64_t tag, std::uint64_t mask, int src,
+                                            Clock::time_point deadline) {
+  for (;;) {
+    Probed probed{};
+    probed.message = ucp_tag_probe_nb(worker_.handle(), tag, mask, 1, &probed.info);
+    if (probed.message != nullptr) return probed;
+
+    rethrow_pending_abort();
+
+    if (src >= 0) {
+      const Endpoint& endpoint = *endpoints_.at(src);
+      if (endpoint.failure != UCS_OK) {
+        fail(AbortKind::kPeerFailure, label_ + ": rank " + std::to_string(src) + " disconnected (" +
+                                          status_text(endpoint.failure) + ") while rank " +
+                                          std::to_string(self_rank_) +
+                                          " waited for it: it exited or crashed; see its output");
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      fail(AbortKind::kTimeout, label_ + ": rank " + std::to_string(self_rank_) + " timed out after " +
+                                    seconds_text(timeout_) + " waiting for " +
+                                    (src >= 0 ? "rank " + std::to_string(src) : std::string("any rank")) +
+                                    ": a rank is missing, stuck, or calling a different collective");
+    }
+    const auto remaining = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    worker_.progress_or_wait(std::min(remaining + std::chrono::milliseconds(1), std::chrono::milliseconds(100)));
+  }
+}
+
+void UcxPeers::recv(int src, MessageKind kind, std::uint64_t sequence, const char* operation, void* dest,
+                    std::size_t bytes, Clock::time_point deadline) {
+  Probed probed = wait_for_message(make_tag(src, kind, sequence), kFullMask, src, deadline);
+  MessageHeader header{};
+  ucp_request_param_t param{};
+  void* request;
+  std::string mismatched;
+  if (probed.info.length == sizeof(MessageHeader) + bytes) {
+    ucp_dt_iov_t iov[2] = {{&header, sizeof(header)}, {dest, bytes}};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype = ucp_dt_make_iov();
+    request = ucp_tag_msg_recv_nbx(worker_.handle(), iov, bytes > 0 ? 2 : 1, probed.message, &param);
+    complete(request, deadline, src);
+  } else {
+    mismatched.resize(probed.info.length);
+    request = ucp_tag_msg_recv_nbx(worker_.handle(), mismatched.data(), mismatched.size(), probed.message, &param);
+    complete(request, deadline, src);
+    std::memcpy(&header, mismatched.data(), std::min(sizeof(header), mismatched.size()));
+    header.operation[sizeof(header.operation) - 1] = '\0';
+  }
+  if (!mismatched.empty() || std::strncmp(header.operation, operation, sizeof(header.operation) - 1) != 0) {
+    fail(AbortKind::kInvalidArgument,
+         label_ + ": rank " + std::to_string(src) + " sent " + std::to_string(header.payload_bytes) + " bytes for " +
+             header.operation + " but rank " + std::to_string(self_rank_) + " expected " + std::to_string(bytes) +
+             " bytes for " + operation +
+             ": every rank must call the same collectives, in the same order, with the same counts and types");
+  }
+}
+
+std::string UcxPeers::recv_any_size(int src, MessageKind kind, std::uint64_t sequence, Clock::time_point deadline) {
+  Probed probed = wait_for_message(make_tag(src, kind, sequence), kFullMask, src, deadline);
+  std::string message(probed.info.length, '\0');
+  ucp_request_param_t param{};
+  complete(ucp_tag_msg_recv_nbx(worker_.handle(), message.data(), message.size(), probed.message, &param), deadline,
+           src);
+  return message.substr(std::min(message.size(), sizeof(MessageHeader)));
+}
+
+void UcxPeers::abort_peers(const std::string& payload, int except) {
+  // The payload must outlive the sends, which may still be in flight when we stop waiting for them.
+  abort_payload_ = payload;
+  for (auto& [rank, endpoint] : endpoints_) {
+    ucs_status_t ignored = UCS_OK;
+    if (rank != except && endpoint->failure == UCS_OK) {
+      post(rank, MessageKind::kAbort, 0, "abort", abort_payload_.data(), abort_payload_.size(), &ignored);
+    }
+  }
+  drain_best_effort();
+}
+
+std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t length) {
+  std::string received(length, '\0');
+  ucp_request_param_t param{};
+  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), received.data(), received.size(), message, &param);
+  const auto deadline = Clock::now() + kBestEffortWait;
+  while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
+    worker_.progress_or_wait(std::chrono::milliseconds(10));
+  }
+  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  return received.substr(std::min(received.size(), sizeof(MessageHeader)));
+}
+
+void UcxPeers::rethrow_pending_abort() {
+  ucp_tag_recv_info_t info{};
+  ucp_tag_message_h message =
+      ucp_tag_probe_nb(worker_.handle(), make_tag(0, MessageKind::kAbort, 0), kKindMask, 1, &info);
+  if (message == nullptr) return;
+  rethrow_abort(tag_sender(info.sender_tag), take_best_effort(message, info.length));
+}
+
+void UcxPeers::wait_briefly_for_abort() {
+  const auto deadline = Clock::now() + std::min(timeout_, kAbortGrace);
+  for (;;) {
+    rethrow_pending_abort();
+    if (Clock::now() >= deadline) return;
+    worker_.progress_or_wait(std::chrono::milliseconds(10));
+  }
+}
+
+void UcxPeers::fail(AbortKind kind, const std::string& message) {
+  // An ABORT from a peer explains a timeout or a vanished peer better than the symptom does.
+  if (failure_.empty() && kind == AbortKind::kPeerFailure) wait_briefly_for_abort();
+  if (failure_.empty() && kind == AbortKind::kTimeout) rethrow_pending_abort();
+  if (failure_.empty()) {
+    failure_ = message;
+    abort_peers(std::string(1, static_cast<char>(kind)) + message, -1);
+  }
+  throw_for(kind, message);
+}
+
+void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
+  const AbortKind kind = payload.empty() ? AbortKind::kPeerFailure : static_cast<AbortKind>(payload[0]);
+  const std::string message = payload.empty() ? label_ + ": rank " + std::to_string(sender) + " aborted"
+                                              : payload.substr(1);
+  if (failure_.empty()) {
+    failure_ = message;
+    abort_peers(payload, sender);
+  }
+  throw_for(kind, message);
+}
+
+void UcxPeers::discard_unexpected_messages() {
+  // Aborts and goodbyes nobody waited for; receiving them keeps UCX from warning at worker teardown.
+  ucp_tag_recv_info_t info{};
+  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info)) {
+    take_best_effort(message, info.length);
+  }
+}
+
+void UcxPeers::say_goodbye() {
+  // Never throws: a peer that is gone or silent only shortens or bounds the wait.
+  for (auto& [rank, endpoint] : endpoints_) {
+    ucs_status_t ignored = UCS_OK;
+    if (endpoint->failure == UCS_OK) post(rank, MessageKind::kBye, 0, "bye", nullptr, 0, &ignored);
+  }
+  const auto deadline = Clock::now() + timeout_;
+  for (auto& [rank, endpoint] : endpoints_) {
+    for (;;) {
+      ucp_tag_recv_info_t info{};
+      ucp_tag_message_h message =
+          ucp_tag_probe_nb(worker_.handle(), make_tag(rank, MessageKind::kBye, 0), kFullMask, 1, &info);
+      if (message != nullptr) {
+        take_best_effort(message, info.length);
+        break;
+      }
+      if (endpoint->failure != UCS_OK || Clock::now() >= deadline) break;
+      worker_.progress_or_wait(std::chrono::milliseconds(10));
+    }
+  }
+  drain_best_effort();
+}
+
+}  // namespace gtp::comm::internal

@@ -1,0 +1,89 @@
+// Runs the real gtp-launch binary (its path is the first argument) on small shell commands.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "comm/internal/process.h"
+#include "comm/launcher.h"
+
+namespace gtp::comm {
+namespace {
+
+using internal::run_shell;
+using Clock = std::chrono::steady_clock;
+
+std::string g_launcher;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Launcher, GivesEveryRankItsEnvironmentAndPrefixesItsOutput) {
+  const auto result =
+      run_shell(g_launcher + " -n 4 -- sh -c 'echo rank=$GTP_RANK of $GTP_WORLD_SIZE at $GTP_ROOT_ADDR; echo oops >&2'");
+  ASSERT_EQ(result.status, 0) << result.output;
+  std::set<std::string> addresses;
+  for (int r = 0; r < 4; ++r) {
+    const std::regex line("\\[" + std::to_string(r) + "\\] rank=" + std::to_string(r) + " of 4 at (127\\.0\\.0\\.1:[0-9]+)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(result.output, match, line)) << result.output;
+    addresses.insert(match[1]);
+    EXPECT_TRUE(contains(result.output, "[" + std::to_string(r) + "] oops")) << result.output;
+  }
+  EXPECT_EQ(addresses.size(), 1u) << "every rank must get the same root address";
+}
+
+TEST(Launcher, AFailingRankStopsTheOthersAndSetsTheStatus) {
+  const auto start = Clock::now();
+  const auto result = run_shell(g_launcher + " -n 3 -- sh -c 'if [ $GTP_RANK = 1 ]; then exit 3; fi; sleep 60'");
+  EXPECT_EQ(result.status, 3) << result.output;
+  EXPECT_TRUE(contains(result.output, "rank 1 exited with status 3")) << result.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(Launcher, TimeoutStopsEveryRank) {
+  const auto start = Clock::now();
+  const auto result = run_shell(g_launcher + " -n 2 --timeout 0.5 -- sleep 60");
+  EXPECT_EQ(result.status, 124) << result.output;
+  EXPECT_TRUE(contains(result.output, "timed out")) << result.output;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(Launcher, RanksGetTheDefaultSigpipeBehaviour) {
+  // With SIGPIPE ignored (the launcher's own setting), `yes` would complain about a broken pipe.
+  const auto result = run_shell(g_launcher + " -n 1 -- sh -c 'yes | head -n 1'");
+  EXPECT_EQ(result.status, 0) << result.output;
+  EXPECT_TRUE(contains(result.output, "[0] y")) << result.output;
+  EXPECT_FALSE(contains(result.output, "Broken pipe")) << result.output;
+}
+
+TEST(Launcher, ReportsACommandThatCannotRun) {
+  const auto result = run_shell(g_launcher + " -n 2 -- /nonexistent/program");
+  EXPECT_EQ(result.status, 127) << result.output;
+  EXPECT_TRUE(contains(result.output, "cannot run /nonexistent/program")) << result.output;
+}
+
+TEST(Launcher, RejectsBadArguments) {
+  EXPECT_EQ(run_shell(g_launcher + " -n 0 -- true").status, 2);
+  EXPECT_EQ(run_shell(g_launcher + " -n 2 true").status, 2);
+  EXPECT_EQ(run_shell(g_launcher + " -n 2 --").status, 2);
+  EXPECT_THROW(parse_launch_args({"--timeout", "-1", "-n", "2", "--", "true"}), std::invalid_argument);
+  const LaunchOptions options = parse_launch_args({"-n", "8", "--timeout", "1.5", "--", "prog", "-x", "--", "y"});
+  EXPECT_EQ(options.world_size, 8);
+  EXPECT_EQ(options.timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(options.command, (std::vector<std::string>{"prog", "-x", "--", "y"}));
+}
+
+}  // namespace
+}  // namespace gtp::comm
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: launcher_test PATH_TO_GTP_LAUNCH\n");
+    return 2;
+  }
+  gtp::comm::g_launcher = argv[1];
+  return RUN_ALL_TESTS();
+}

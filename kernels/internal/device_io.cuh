@@ -183,20 +183,18 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float* out) {
   }
 }
 
-// E2M1 code of x (spec: codec::float_to_e2m1) from the FP32 bits: below 1 the code counts halves
-// (RNE by __float2uint_rn); from 1 up, drop 22 mantissa bits with round-to-even and rebias the
-// exponent; saturate at 7 (6.0). NaN never reaches it.
+// E2M1 code of x (spec: codec::float_to_e2m1), mostly on the FP32 pipe: adding M = 2^22, 2^23 or
+// 2^24 (for |x| in [0,2), [2,4), [4,inf)) rounds |x| to that binade's E2M1 step (0.5, 1, 2) with
+// round-to-nearest-even, and the sum's low bits count the steps; the code is that count plus the
+// binade's first code (0, 2, 4), saturated at 7 (6.0). NaN never reaches it.
 __device__ __forceinline__ uint32_t e2m1_code(float x) {
-  const uint32_t bits = __float_as_uint(x);
-  const uint32_t sign = (bits >> 28) & 0x8u;
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  // Below 1: 2|x| + 2^23 rounds 2|x| to an integer (RNE) in the low mantissa bits.
-  const uint32_t halves =
-      __float_as_uint(__uint_as_float(magnitude) * 2.0f + 8388608.0f) - 0x4b000000u;
-  const uint32_t rounded = magnitude + 0x1fffffu + ((magnitude >> 22) & 1u);
-  const uint32_t normal = (rounded >> 22) - 252u;
-  const uint32_t code = magnitude < 0x3f800000u ? halves : normal;
-  return sign | (code < 7u ? code : 7u);
+  const float a = fabsf(x);
+  const bool below2 = a < 2.0f, below4 = a < 4.0f;
+  const float magic = below2 ? 4194304.0f : (below4 ? 8388608.0f : 16777216.0f);
+  // bits(M) minus the binade's first code, so one subtraction yields the code.
+  const uint32_t base = below2 ? 0x4a800000u : (below4 ? 0x4b000000u - 2u : 0x4b800000u - 4u);
+  const uint32_t code = __float_as_uint(a + magic) - base;
+  return ((__float_as_uint(x) >> 28) & 0x8u) | (code < 7u ? code : 7u);
 }
 
 // Magnitude of an E2M1 code's low 3 bits, signed by bit 3 (spec: codec::e2m1_to_float).

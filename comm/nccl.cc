@@ -178,9 +178,11 @@ NcclComm NcclComm::split(const std::vector<std::vector<int>>& groups, const Nccl
   ncclConfig_t nccl = to_nccl(config);
   ncclComm_t child = nullptr;
   const auto deadline = Clock::now() + timeout;
-  const ncclResult_t issued = ncclCommSplit(comm_, assignment.color, assignment.key, &child, &nccl);
+  // Built before the split: while a non-blocking split is in flight the parent answers
+  // ncclInProgress to every query, rank() included.
   const std::string what = "ncclCommSplit into group " + std::to_string(assignment.color) + " (\"" +
                            config.comm_name + "\", rank " + std::to_string(rank()) + ")";
+  const ncclResult_t issued = ncclCommSplit(comm_, assignment.color, assignment.key, &child, &nccl);
   if (issued != ncclSuccess && issued != ncclInProgress) {
     throw CommError(what + " failed: " + nccl_text(issued, comm_), false);
   }

@@ -21,7 +21,8 @@ struct Chunks {
   int64_t scalars_offset;
   __device__ const uint8_t* chunk_of(int64_t r) const { return base + (r / shard_rows) * chunk_bytes; }
   __device__ float decode_scale(const uint8_t* chunk) const {
-    return *reinterpret_cast<const float*>(chunk + scalars_offset + kDecodeScale * sizeof(float));
+    // Chunks are read-only for the whole kernel: every read takes the non-coherent path.
+    return __ldg(reinterpret_cast<const float*>(chunk + scalars_offset + kDecodeScale * sizeof(float)));
   }
 };
 
@@ -60,11 +61,11 @@ __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool 
         if (kFormat == WireFormat::kNVFP4) {
           const uint2 half = __ldg(reinterpret_cast<const uint2*>(chunk + local * in.cols / 2) + item);
           codes[u] = make_uint4(half.x, half.y, 0u, 0u);
-          scale_codes[u] = chunk[in.scales_offset + (blocks_2d ? (local / 16) * n : local * n) + item];
+          scale_codes[u] = __ldg(chunk + in.scales_offset + (blocks_2d ? (local / 16) * n : local * n) + item);
         } else {
           codes[u] = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols) + item);
           if (kFormat == WireFormat::kMXFP8)
-            scale_codes[u] = chunk[in.scales_offset + local * (in.cols / 32) + item / 2];
+            scale_codes[u] = __ldg(chunk + in.scales_offset + local * (in.cols / 32) + item / 2);
         }
       }
 #pragma unroll
@@ -161,7 +162,7 @@ __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data,
         if (j >= n) break;
         codes[2 * u] = __ldg(src + 2 * j);
         codes[2 * u + 1] = __ldg(src + 2 * j + 1);
-        scale[u] = chunk[in.scales_offset + local * n + j];
+        scale[u] = __ldg(chunk + in.scales_offset + local * n + j);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
@@ -186,9 +187,9 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
       reinterpret_cast<uint2*>(data)[r * per_row + j] =
           __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2 + j * 8));
       if (!blocks_2d) {
-        scales[r * per_row + j] = chunk[in.scales_offset + local * per_row + j];
+        scales[r * per_row + j] = __ldg(chunk + in.scales_offset + local * per_row + j);
       } else if (r % 16 == 0) {
-        scales[(r / 16) * per_row + j] = chunk[in.scales_offset + (local / 16) * per_row + j];
+        scales[(r / 16) * per_row + j] = __ldg(chunk + in.scales_offset + (local / 16) * per_row + j);
       }
     }
   });
@@ -214,7 +215,7 @@ __global__ void unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, u
     const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
     *reinterpret_cast<uint2*>(data + (r * in.cols + c) / 2) = codes;
     if (lane == 0) {
-      const uint8_t s = chunk[in.scales_offset + (local / 16) * tiles_per_row + tc];
+      const uint8_t s = __ldg(chunk + in.scales_offset + (local / 16) * tiles_per_row + tc);
       scales[tr * tiles_per_row + tc] = s;
       scales_t[tc * (gemm_rows / 16) + tr] = s;
     }

@@ -3,7 +3,7 @@
 # memcheck and racecheck on them, the kernel benchmark and its torch.compile peer, then the comm
 # GPU tests and collective benchmark (bench/collectives/run_gpu.sh). Binaries come prebuilt
 # (bazel build -c opt) in .carry/bin; results go to $OUT. Set GTP_COMMIT to record the commit.
-#   bench/run_h200.sh [kernels|comm|all]     (default all)
+#   bench/run_h200.sh [kernels|comm|topology|all]     (default all)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 what=${1:-all}
@@ -15,9 +15,15 @@ if ! ldconfig -p | grep -q libnccl.so.2; then
   nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
   [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
 fi
-ldconfig -p | grep -q libucp.so.0 || export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib"
+{ ldconfig -p | grep -q libucp.so.0 && ldconfig -p | grep -q libhwloc.so.15; } ||
+  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib"
 nvidia-smi -L
-if [ "$what" != comm ]; then
+if [ "$what" = topology ] || [ "$what" = all ]; then
+  echo "== gtp-topo probe (live machine: hwloc + CUDA driver + NVML)"
+  $bin/gtp-topo probe 2>&1
+  $bin/gtp-topo probe --json > "$out/h200_topology.json" 2>&1
+fi
+if [ "$what" = kernels ] || [ "$what" = all ]; then
   echo "== kernel tests"
   $bin/cuda_kernels_test --gtest_brief=1 2>&1 | tail -n 15
   echo "== compute-sanitizer memcheck"
@@ -33,6 +39,6 @@ if [ "$what" != comm ]; then
   echo "== torch.compile peer"
   PYTHONUNBUFFERED=1 python3 bench/peers/torch_quant_peer.py --json "$out/torch_peer.json" 2>&1 | grep -v Warning
 fi
-if [ "$what" != kernels ]; then
+if [ "$what" = comm ] || [ "$what" = all ]; then
   GTP_BIN=$bin bash bench/collectives/run_gpu.sh
 fi

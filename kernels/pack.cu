@@ -137,6 +137,18 @@ __device__ __forceinline__ void nvfp4_global_scales(const float* amax_in, float*
   *decode = 1.0f / *encode;
 }
 
+// Block scale s_b = E4M3(amax * (S_enc * 1/6)) from the block's largest magnitude bits `top`
+// (NaN scale when they are NaN or Inf), as codec::nvfp4_block_scale orders the FP32 operations.
+__device__ __forceinline__ uint8_t nvfp4_block_scale_code(uint32_t top, float encode) {
+  if (top >= 0x7f800000u) return kE4M3NaN;
+  return e4m3_of(__uint_as_float(top) * (encode * (1.0f / kE2M1Max)));
+}
+
+// c = min(1 / (s_b * S_dec), FLT_MAX) (codec::nvfp4_element_multiplier); rcp.rn is exactly 1/x.
+__device__ __forceinline__ float nvfp4_multiplier(uint8_t scale, float decode) {
+  return fminf(__frcp_rn(e4m3_to_float(scale) * decode), kFloatMax);
+}
+
 // 1D blocks: one thread per 16-element block of a row.
 __global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales, RowGrid grid,
                                      const float* amax_in, float* scalars, ChunkPadding pad) {
@@ -158,12 +170,8 @@ __global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales,
 #pragma unroll
       for (int k = 0; k < 16; ++k) top = max(top, __float_as_uint(v[k]) & 0x7fffffffu);
       const bool non_finite = top >= 0x7f800000u;
-      // s_b = E4M3(amax * (S_enc * 1/6)) and c = min(1 / (s_b * S_dec), FLT_MAX), as the spec
-      // (codec::nvfp4_block_scale / nvfp4_element_multiplier) orders them; rcp.rn is exact 1/x.
-      const uint8_t scale =
-          non_finite ? kE4M3NaN : e4m3_of(__uint_as_float(top) * (encode * (1.0f / kE2M1Max)));
-      const float multiplier =
-          fminf(__frcp_rn(e4m3_to_float(scale) * decode), kFloatMax);
+      const uint8_t scale = nvfp4_block_scale_code(top, encode);
+      const float multiplier = nvfp4_multiplier(scale, decode);
       const int64_t index = r * grid.items_per_row + b;
       reinterpret_cast<uint2*>(data)[index] = encode_e2m1x16(v, multiplier, non_finite);
       scales[index] = scale;
@@ -207,9 +215,8 @@ __global__ void pack_nvfp4_2d_kernel(Source src, uint8_t* data, uint8_t* scales,
     for (int offset = 8; offset > 0; offset /= 2) top = max(top, __shfl_xor_sync(~0u, top, offset));
     if (!active) continue;
     const bool non_finite = top >= 0x7f800000u;
-    const uint8_t scale =
-        non_finite ? kE4M3NaN : e4m3_of(__uint_as_float(top) * (encode * (1.0f / kE2M1Max)));
-    const float multiplier = fminf(__frcp_rn(e4m3_to_float(scale) * decode), kFloatMax);
+    const uint8_t scale = nvfp4_block_scale_code(top, encode);
+    const float multiplier = nvfp4_multiplier(scale, decode);
     *reinterpret_cast<uint2*>(data + (r * src.cols + c) / 2) =
         encode_e2m1x16(v, multiplier, non_finite);
     if (row_in_tile == 0) scales[tile] = scale;

@@ -195,42 +195,58 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
   });
 }
 
-// NVFP4 2D with the exact transpose: a half-warp per 16x16 tile; lane i holds row i, and the
-// nibbles are transposed through shared memory so lane j writes transposed row j.
+// NVFP4 2D with the exact transpose. A half-warp takes a strip of up to four vertically adjacent
+// 16x16 tiles (64 rows x 16 columns); lane i holds rows i, i+16, i+32, i+48. The nibbles go
+// through shared memory so that lane j then writes column j of the strip as one run of up to 32
+// contiguous bytes of transposed row j (a full sector), not four scattered 8-byte pieces.
+constexpr int kStripTiles = 4;
+
 __global__ void unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
                                                  uint8_t* scales, uint8_t* data_t,
                                                  uint8_t* scales_t) {
-  __shared__ uint8_t nibbles[kThreads / 16][16][17];
+  __shared__ uint8_t nibbles[kThreads / 16][kStripTiles * 16][17];
   const int64_t tiles_per_row = in.cols / 16;
-  const int64_t tiles = (gemm_rows / 16) * tiles_per_row;
+  const int64_t tile_rows = gemm_rows / 16;
+  const int64_t strips = (tile_rows + kStripTiles - 1) / kStripTiles;
+  const int64_t work = strips * tiles_per_row;
   const int half_warp = threadIdx.x / 16, lane = threadIdx.x % 16;
+  const unsigned half_mask = 0xffffu << (16 * (half_warp % 2));
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
   // All 16 lanes of a half-warp share the loop bound, so __syncwarp sees them all.
-  for (int64_t tile = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 16;
-       tile < tiles; tile += stride) {
-    const int64_t tr = tile / tiles_per_row, tc = tile % tiles_per_row;
-    const int64_t r = tr * 16 + lane, c = tc * 16;
-    const uint8_t* chunk = in.chunk_of(r);
-    const int64_t local = r % in.shard_rows;
-    const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
-    *reinterpret_cast<uint2*>(data + (r * in.cols + c) / 2) = codes;
-    if (lane == 0) {
-      const uint8_t s = __ldg(chunk + in.scales_offset + (local / 16) * tiles_per_row + tc);
-      scales[tr * tiles_per_row + tc] = s;
-      scales_t[tc * (gemm_rows / 16) + tr] = s;
+  for (int64_t item = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 16;
+       item < work; item += stride) {
+    const int64_t strip = item / tiles_per_row, tc = item % tiles_per_row;
+    const int64_t tr0 = strip * kStripTiles;
+    const int tiles = static_cast<int>(tile_rows - tr0 < kStripTiles ? tile_rows - tr0 : kStripTiles);
+    const int64_t c = tc * 16;
+    for (int t = 0; t < tiles; ++t) {
+      const int64_t r = (tr0 + t) * 16 + lane;
+      const uint8_t* chunk = in.chunk_of(r);
+      const int64_t local = r % in.shard_rows;
+      const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
+      *reinterpret_cast<uint2*>(data + (r * in.cols + c) / 2) = codes;
+      if (lane == 0) {
+        const uint8_t s = __ldg(chunk + in.scales_offset + (local / 16) * tiles_per_row + tc);
+        scales[(tr0 + t) * tiles_per_row + tc] = s;
+        scales_t[tc * tile_rows + tr0 + t] = s;
+      }
+      const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+      for (int k = 0; k < 16; ++k)
+        nibbles[half_warp][t * 16 + lane][k] =
+            static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf);
     }
-    const uint32_t words[2] = {codes.x, codes.y};
+    __syncwarp(half_mask);
+    // Column `lane` of the strip: 16 rows per tile, two nibbles a byte, 8 bytes a tile.
+    uint2* out = reinterpret_cast<uint2*>(data_t + (c + lane) * (gemm_rows / 2) + tr0 * 8);
+    for (int t = 0; t < tiles; ++t) {
+      uint32_t packed[2] = {0u, 0u};
 #pragma unroll
-    for (int k = 0; k < 16; ++k)
-      nibbles[half_warp][lane][k] = static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf);
-    __syncwarp(0xffffu << (16 * (half_warp % 2)));
-    uint32_t out[2] = {0u, 0u};
-#pragma unroll
-    for (int k = 0; k < 16; ++k)
-      out[k / 8] |= static_cast<uint32_t>(nibbles[half_warp][k][lane]) << (4 * (k % 8));
-    *reinterpret_cast<uint2*>(data_t + (c + lane) * (gemm_rows / 2) + tr * 8) =
-        make_uint2(out[0], out[1]);
-    __syncwarp(0xffffu << (16 * (half_warp % 2)));
+      for (int k = 0; k < 16; ++k)
+        packed[k / 8] |= static_cast<uint32_t>(nibbles[half_warp][t * 16 + k][lane]) << (4 * (k % 8));
+      out[t] = make_uint2(packed[0], packed[1]);
+    }
+    __syncwarp(half_mask);
   }
 }
 
@@ -303,7 +319,8 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
       break;
     case WireFormat::kNVFP4:
       if (data_t != nullptr) {
-        unpack_nvfp4_2d_transpose_kernel<<<grid_for(rows * l.cols / 16), kThreads, 0, stream>>>(
+        unpack_nvfp4_2d_transpose_kernel<<<grid_for(rows * l.cols / 16 / kStripTiles), kThreads, 0,
+                                           stream>>>(
             c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {

@@ -129,7 +129,9 @@ BenchRow run_wire(comm::Bootstrap& bootstrap, const BenchOptions& options, const
   bootstrap.barrier();
   times.e2e_us = timed_us(e2e, options.iters, stream, start, stop, comm, timeout);
   long long wrong = -1;
-  if (options.check) {  // a fresh iteration into a cleared weight, against the CPU reference
+  if (options.check) {  // a fresh iteration with every buffer cleared, against the CPU reference
+    check_cuda(cudaMemsetAsync(chunk.data, 0, layout.chunk_bytes, stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(gathered.data, 0, layout.chunk_bytes * n, stream), "cudaMemsetAsync");
     check_cuda(cudaMemsetAsync(weight.data, 0, point.size, stream), "cudaMemsetAsync");
     e2e();
     check_cuda(cudaEventRecord(stop.handle, stream), "cudaEventRecord");

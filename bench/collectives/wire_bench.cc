@@ -107,7 +107,9 @@ BenchRow run_host_wire(comm::HostComm& comm, comm::Bootstrap& bootstrap, const B
     *time = mean_us(options.iters, *part);
   }
   long long wrong = -1;
-  if (options.check) {  // a fresh iteration into a cleared weight
+  if (options.check) {  // a fresh iteration with every buffer cleared: stale results cannot pass
+    std::memset(chunk.data(), 0, chunk.size());
+    std::memset(gathered.data(), 0, gathered.size());
     std::memset(weight.data(), 0, weight.size() * 2);
     e2e();
     wrong = count_mismatches(weight, reference_weight(options, point, n));

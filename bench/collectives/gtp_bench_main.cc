@@ -72,13 +72,14 @@ int main(int argc, char** argv) {
       rows = bench::run_host_bench(host, bootstrap, options);
     }
     if (bootstrap.rank() == 0) {
-      std::fputs(bench::format_header(options, bootstrap.world_size(), transport, groups.group_size).c_str(), stdout);
+      const int ranks = bootstrap.world_size();
+      std::fputs(bench::format_header(options, ranks, transport, groups.group_size).c_str(), stdout);
       for (const bench::BenchRow& row : rows) std::fputs(bench::format_row(row).c_str(), stdout);
       if (!options.json_path.empty()) {
         std::string command;
         for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
         std::ofstream(options.json_path)
-            << bench::to_json(options, bootstrap.world_size(), rows, command, transport, groups.group_size).dump(2) << "\n";
+            << bench::to_json(options, ranks, rows, command, transport, groups.group_size).dump(2) << "\n";
       }
     }
     bool any_wrong = false;

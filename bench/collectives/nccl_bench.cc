@@ -9,11 +9,11 @@
 #include <string>
 #include <thread>
 
+#include "bench/collectives/wire_bench.h"
 #include "comm/errors.h"
 #include "comm/nccl.h"
 #include "comm/streams.h"
 #include "kernels/cuda_kernels.h"
-#include "bench/collectives/wire_bench.h"
 
 namespace gtp::bench {
 namespace {
@@ -158,9 +158,9 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
   comm::NcclComm job = comm::NcclComm::create_world(bootstrap, timeout, config);
   comm::NcclComm split;
   if (groups.name != "world") split = job.split(groups.groups, config, timeout);
-  comm::NcclComm& world = groups.name != "world" ? split : job;  // the communicator of this rank's group
-  const int n = world.size();
-  const int rank = world.rank();
+  comm::NcclComm& group = groups.name != "world" ? split : job;  // the communicator of this rank's group
+  const int n = group.size();
+  const int rank = group.rank();
   const bool gather = options.collective == Collective::kAllGather;
   const ncclDataType_t type = options.type == comm::HostDataType::kFloat32 ? ncclFloat32 : ncclBfloat16;
   const ncclRedOp_t op = options.op == comm::HostReduceOp::kSum ? ncclSum : ncclAvg;
@@ -187,12 +187,12 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
     check_cuda(cudaMemcpy(input.data, host_input.data(), host_input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
     auto issue = [&](cudaStream_t stream) {
       const ncclResult_t result =
-          gather ? ncclAllGather(input.data, output.data, point.per_rank_count, type, world.get(), stream)
-                 : ncclReduceScatter(input.data, output.data, point.per_rank_count, type, op, world.get(), stream);
+          gather ? ncclAllGather(input.data, output.data, point.per_rank_count, type, group.get(), stream)
+                 : ncclReduceScatter(input.data, output.data, point.per_rank_count, type, op, group.get(), stream);
       if (result != ncclSuccess && result != ncclInProgress) {
         throw comm::CommError(std::string("gtp-bench: NCCL collective failed: ") + ncclGetErrorString(result), false);
       }
-      world.wait_enqueued(timeout);
+      group.wait_enqueued(timeout);
     };
     for (const bool raw : {true, false}) {
       cudaStream_t timed = raw ? raw_stream.handle : consumer.handle;
@@ -205,12 +205,12 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
       };
       for (int i = 0; i < options.warmup; ++i) run_once();
       check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-      wait_event(stop.handle, world, timeout);
+      wait_event(stop.handle, group, timeout);
       bootstrap.barrier();
       check_cuda(cudaEventRecord(start.handle, timed), "cudaEventRecord");
       for (int i = 0; i < options.iters; ++i) run_once();
       check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-      wait_event(stop.handle, world, timeout);
+      wait_event(stop.handle, group, timeout);
       float elapsed_ms = 0;
       check_cuda(cudaEventElapsedTime(&elapsed_ms, start.handle, stop.handle), "cudaEventElapsedTime");
 
@@ -220,7 +220,7 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
         check_cuda(cudaMemsetAsync(output.data, 0, output_bytes, timed), "cudaMemsetAsync");
         run_once();
         check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-        wait_event(stop.handle, world, timeout);
+        wait_event(stop.handle, group, timeout);
         std::vector<unsigned char> host_output(output_bytes);
         check_cuda(cudaMemcpy(host_output.data(), output.data, output_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
         wrong = count_wrong(host_output, options, point, rank, n, epsilon);
@@ -230,10 +230,10 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
     }
     if (options.format) {
       const double bf16_gather_us = rows[rows.size() - 2].time_us;  // this size's "nccl" row
-      rows.push_back(run_wire(bootstrap, options, point, world, raw_stream.handle, timeout, bf16_gather_us));
+      rows.push_back(run_wire(bootstrap, options, point, group, raw_stream.handle, timeout, bf16_gather_us));
     }
   }
-  world.check_async_error();
+  group.check_async_error();
   return rows;
 }
 

@@ -1,6 +1,7 @@
 // One rank of cluster_setup_test's multi-process cases, started by gtp-launch. Usage:
-//   cluster_setup_worker HWLOC_XML TP SHARDS OUT_DIR
-// Every rank "discovers" the replayed machine HWLOC_XML, runs setup_cluster over the UCX bootstrap
+//   cluster_setup_worker HWLOC_XML|live TP SHARDS OUT_DIR
+// Every rank "discovers" the replayed machine HWLOC_XML (or, given "live", this machine: the GPU-machine
+// check in bench/collectives/run_gpu.sh), runs setup_cluster over the UCX bootstrap
 // with parallel sizes TP / SHARDS, binds, and writes OUT_DIR/rank<R>.json: its slot, plan, groups,
 // binding and the thread's CPU binding read back from the OS. Exit 0 on success, 1 on any error.
 #include <hwloc.h>
@@ -39,7 +40,7 @@ std::string current_binding() {
 int main(int argc, char** argv) {
   using namespace gtp;
   if (argc != 5) {
-    std::fprintf(stderr, "usage: cluster_setup_worker HWLOC_XML TP SHARDS OUT_DIR\n");
+    std::fprintf(stderr, "usage: cluster_setup_worker HWLOC_XML|live TP SHARDS OUT_DIR\n");
     return 2;
   }
   try {
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
     config.tensor_parallel_num_weight_shards = std::atoi(argv[3]);
     profile.sizes = topology::derive_sizes(config);
     comm::ClusterSetupOptions options;
-    options.discover = [&] { return topology::load_hwloc_xml(xml); };
+    if (xml != "live") options.discover = [&] { return topology::load_hwloc_xml(xml); };
     const comm::ClusterView view = comm::setup_cluster(bootstrap, profile, options);
     const comm::BindResult bind = comm::bind_rank(view.self);
     const comm::RankSlot& self = view.self;

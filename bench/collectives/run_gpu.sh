@@ -22,6 +22,9 @@ echo "== gtp-bench reduce_scatter (fp32 sum, the grad finalize) on $gpus GPU(s)"
 echo "== cluster_setup_test (live discovery and binding on this machine)"
 "$bin/cluster_setup_test" "$bin/gtp-launch" "$bin/cluster_setup_worker" --gtest_brief=1 \
   --gtest_filter='ClusterSetup.LiveDiscovery*:ClusterSetup.Bind*' 2>&1 | tail -n 20
+echo "== setup_cluster + bind_rank on $gpus live ranks (TP 1, G $gpus): one GPU and its NUMA cpuset each"
+mkdir -p "$out/cluster_setup"
+"$bin/gtp-launch" -n "$gpus" --timeout 120 -- "$bin/cluster_setup_worker" live 1 "$gpus" "$out/cluster_setup"
 for format in bf16 fp8 mxfp8 nvfp4; do
   echo "== gtp-bench all_gather --format $format: checked against the CPU reference"
   "$bin/gtp-launch" -n "$gpus" --timeout 300 -- "$bin/gtp-bench" all_gather -b 4M -e 64M -f 4 -n 2 -w 1 \

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "bench/collectives/wire_bench.h"
 #include "comm/internal/bf16.h"
 
 namespace gtp::bench {
@@ -16,7 +18,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: gtp-bench all_gather|reduce_scatter [-b MINBYTES] [-e MAXBYTES] [-f FACTOR] [-n ITERS] [-w WARMUP] "
-    "[-c 0|1] [-d float|bfloat16] [-o sum|mean] [--json PATH] [--path auto|host|gpu]";
+    "[-c 0|1] [-d float|bfloat16] [-o sum|mean] [--json PATH] [--path auto|host|gpu] [--profile FILE] "
+    "[--group FAMILY|DIM,DIM,...] [--format bf16|fp8|mxfp8|nvfp4]";
 
 const char* type_name(comm::HostDataType type) { return type == comm::HostDataType::kFloat32 ? "float" : "bfloat16"; }
 
@@ -90,6 +93,7 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
   } else {
     throw std::invalid_argument("unknown collective \"" + args[0] + "\": pass all_gather or reduce_scatter\n" + kUsage);
   }
+  bool type_given = false;
   for (std::size_t i = 1; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (i + 1 >= args.size()) throw std::invalid_argument(flag + " needs a value\n" + kUsage);
@@ -101,11 +105,21 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     else if (flag == "-w") options.warmup = parse_int(flag, value, 0);
     else if (flag == "-c") options.check = parse_int(flag, value, 0) != 0;
     else if (flag == "--json") options.json_path = value;
+    else if (flag == "--profile") options.profile_path = value;
+    else if (flag == "--group") options.group = value;
+    else if (flag == "--format") {
+      try {
+        options.format = kernels::parse_wire_format(value);
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument("--format " + value + ": " + e.what() + "\n" + kUsage);
+      }
+    }
     else if (flag == "--path" && (value == "auto" || value == "host" || value == "gpu")) {
       options.path = value == "auto" ? BenchPath::kAuto : value == "host" ? BenchPath::kHost : BenchPath::kGpu;
     }
     else if (flag == "-d" && (value == "float" || value == "bfloat16")) {
       options.type = value == "float" ? comm::HostDataType::kFloat32 : comm::HostDataType::kBFloat16;
+      type_given = true;
     } else if (flag == "-o" && (value == "sum" || value == "mean")) {
       options.op = value == "sum" ? comm::HostReduceOp::kSum : comm::HostReduceOp::kMean;
     } else {
@@ -116,6 +130,19 @@ BenchOptions parse_bench_args(const std::vector<std::string>& args) {
     throw std::invalid_argument("-b " + std::to_string(options.min_bytes) + " exceeds -e " +
                                 std::to_string(options.max_bytes) + ": pass -b <= -e");
   }
+  if (options.group != "world" && options.profile_path.empty()) {
+    throw std::invalid_argument("--group " + options.group + " needs --profile FILE (the grid comes from its "
+                                "parallel sizes): pass --profile, or drop --group to use the world");
+  }
+  if (options.format) {
+    if (options.collective != Collective::kAllGather) {
+      throw std::invalid_argument("--format applies to all_gather only: drop it for reduce_scatter");
+    }
+    if (type_given && options.type != comm::HostDataType::kBFloat16) {
+      throw std::invalid_argument("--format gathers BF16 weights: drop -d float (or pass -d bfloat16)");
+    }
+    options.type = comm::HostDataType::kBFloat16;
+  }
   return options;
 }
 
@@ -125,7 +152,11 @@ std::vector<SweepPoint> sweep(const BenchOptions& options, int ranks) {
   std::vector<SweepPoint> points;
   const std::size_t element_bytes = type_size(options.type);
   for (std::size_t requested = options.min_bytes; requested <= options.max_bytes; requested *= options.factor) {
-    const std::size_t per_rank_count = requested / (element_bytes * ranks);
+    std::size_t per_rank_count = requested / (element_bytes * ranks);
+    if (options.format) {  // whole rows of kWireCols, 32 rows per rank at a time, at least 32
+      const std::size_t block = 32 * kWireCols;
+      per_rank_count = std::max(block, per_rank_count / block * block);
+    }
     points.push_back({per_rank_count * ranks * element_bytes, per_rank_count * ranks, per_rank_count});
     if (requested > options.max_bytes / options.factor) break;  // the next size is past -e (and may overflow)
   }
@@ -168,8 +199,19 @@ long long count_wrong(const std::vector<unsigned char>& output, const BenchOptio
   return wrong;
 }
 
+std::vector<double> average_over_ranks(comm::Bootstrap& bootstrap, const std::vector<double>& values) {
+  const int n = bootstrap.world_size();
+  std::vector<double> everyone(values.size() * n);
+  bootstrap.allgather(values.data(), everyone.data(), values.size() * sizeof(double));
+  std::vector<double> mean(values.size(), 0.0);
+  for (int r = 0; r < n; ++r) {
+    for (std::size_t i = 0; i < values.size(); ++i) mean[i] += everyone[r * values.size() + i] / n;
+  }
+  return mean;
+}
+
 BenchRow summarize(comm::Bootstrap& bootstrap, const BenchOptions& options, const SweepPoint& point, double mean_us,
-                   long long wrong, const std::string& path) {
+                   long long wrong, const std::string& path, int group_size) {
   const int n = bootstrap.world_size();
   // nccl-tests' default: time averaged over ranks; #wrong summed over ranks.
   struct Sample {
@@ -188,13 +230,14 @@ BenchRow summarize(comm::Bootstrap& bootstrap, const BenchOptions& options, cons
                0,
                0,
                options.check ? 0 : -1,
-               path};
+               path,
+               std::nullopt};
   for (const Sample& sample : everyone) {
     row.time_us += sample.time_us / n;
     if (options.check) row.wrong += sample.wrong;
   }
   row.algbw = static_cast<double>(point.size) / 1e3 / row.time_us;  // bytes / us / 1e3 = GB/s
-  row.busbw = row.algbw * bus_bandwidth_factor(n);
+  row.busbw = row.algbw * bus_bandwidth_factor(group_size);
   return row;
 }
 
@@ -218,36 +261,61 @@ std::vector<BenchRow> run_host_bench(comm::HostComm& comm, comm::Bootstrap& boot
     for (int i = 0; i < options.iters; ++i) run_once();
     const double mean_us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / options.iters;
-    const long long wrong =
-        options.check ? count_wrong(output, options, point, comm.rank(), comm.size(), std::ldexp(1.0, -23)) : -1;
-    rows.push_back(summarize(bootstrap, options, point, mean_us, wrong, "host"));
+    long long wrong = -1;
+    if (options.check) {  // a fresh iteration into a cleared output, as documented
+      std::fill(output.begin(), output.end(), 0);
+      run_once();
+      wrong = count_wrong(output, options, point, comm.rank(), comm.size(), std::ldexp(1.0, -23));
+    }
+    rows.push_back(summarize(bootstrap, options, point, mean_us, wrong, "host", comm.size()));
+    if (options.format) rows.push_back(run_host_wire(comm, bootstrap, options, point, rows.back().time_us));
   }
   return rows;
 }
 
-std::string format_header(const BenchOptions& options, int ranks, const std::string& transport) {
-  char line[768];
+std::string format_header(const BenchOptions& options, int ranks, const std::string& transport, int group_size) {
+  char line[1024];
+  const std::string group = options.group == "world" ? "world" : options.group + " groups of " +
+                                                                      std::to_string(group_size) + " ranks";
+  const std::string format = options.format ? ", wire format " + kernels::to_string(*options.format) +
+                                                  " (BF16 weight [rows, " + std::to_string(kWireCols) + "])"
+                                            : "";
   std::snprintf(line, sizeof(line),
-                "# gtp-bench %s: %d ranks, transport: %s\n"
-                "# iters %d, warmup %d, check %d; time averaged over ranks; busbw = algbw * (n-1)/n\n"
-                "#%11s %12s %9s %6s %12s %10s %10s %8s  %s\n",
-                options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter", ranks,
-                transport.c_str(), options.iters, options.warmup, options.check ? 1 : 0, "size(B)", "count", "type",
-                "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "path");
-  return line;
+                "# gtp-bench %s: %d ranks, group: %s%s, transport: %s\n"
+                "# iters %d, warmup %d, check %d; time averaged over ranks; busbw = algbw * (n-1)/n, n = group size\n"
+                "#%11s %12s %9s %6s %12s %10s %10s %8s  %-10s",
+                options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter", ranks, group.c_str(),
+                format.c_str(), transport.c_str(), options.iters, options.warmup, options.check ? 1 : 0, "size(B)",
+                "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "path");
+  std::string header = line;
+  if (options.format) {
+    std::snprintf(line, sizeof(line), " %12s %10s %10s %10s %10s %8s", "wire(B)", "pack(us)", "gather(us)",
+                  "unpack(us)", "e2e(us)", "vs_bf16");
+    header += line;
+  }
+  while (header.back() == ' ') header.pop_back();
+  return header + "\n";
 }
 
 std::string format_row(const BenchRow& row) {
-  char line[256];
+  char line[512];
   const std::string wrong = row.wrong < 0 ? "N/A" : std::to_string(row.wrong);
-  std::snprintf(line, sizeof(line), "%12zu %12zu %9s %6s %12.1f %10.3f %10.3f %8s  %s\n", row.size, row.count,
+  std::snprintf(line, sizeof(line), "%12zu %12zu %9s %6s %12.1f %10.3f %10.3f %8s  %-10s", row.size, row.count,
                 row.type.c_str(), row.redop.c_str(), row.time_us, row.algbw, row.busbw, wrong.c_str(),
                 row.path.c_str());
-  return line;
+  std::string text = line;
+  if (row.wire) {
+    std::snprintf(line, sizeof(line), " %12zu %10.1f %10.1f %10.1f %10.1f %7.2fx", row.wire->wire_bytes,
+                  row.wire->pack_us, row.wire->gather_us, row.wire->unpack_us, row.wire->e2e_us,
+                  row.wire->e2e_ratio_to_bf16);
+    text += line;
+  }
+  while (!text.empty() && text.back() == ' ') text.pop_back();
+  return text + "\n";
 }
 
 nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector<BenchRow>& rows,
-                       const std::string& command, const std::string& transport) {
+                       const std::string& command, const std::string& transport, int group_size) {
   char host[256] = "unknown";
   gethostname(host, sizeof(host) - 1);
   const char* commit = std::getenv("GTP_COMMIT");
@@ -259,9 +327,13 @@ nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector
       {"transport", transport},
       {"collective", options.collective == Collective::kAllGather ? "all_gather" : "reduce_scatter"},
       {"ranks", ranks},
+      {"group", options.group},
+      {"group_size", group_size},
+      {"profile", options.profile_path},
+      {"format", options.format ? kernels::to_string(*options.format) : ""},
       {"iters", options.iters},
       {"warmup", options.warmup},
-      {"busbw_factor", bus_bandwidth_factor(ranks)},
+      {"busbw_factor", bus_bandwidth_factor(group_size)},
       {"results", nlohmann::json::array()},
   };
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -275,6 +347,14 @@ nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector
                                {"busbw_gbps", row.busbw},
                                {"wrong", row.wrong},
                                {"path", row.path}});
+    if (row.wire) {
+      json["results"].back().update({{"wire_bytes", row.wire->wire_bytes},
+                                     {"pack_us", row.wire->pack_us},
+                                     {"gather_us", row.wire->gather_us},
+                                     {"unpack_us", row.wire->unpack_us},
+                                     {"e2e_us", row.wire->e2e_us},
+                                     {"e2e_ratio_to_bf16", row.wire->e2e_ratio_to_bf16}});
+    }
     // The GPU path measures each size twice: raw NCCL, then through libgtp's streams. The ratio of
     // bandwidths (algbw: busbw is 0 for a single rank) is the share of raw NCCL that libgtp keeps.
     if (row.path == "gtp_stream" && i > 0 && rows[i - 1].path == "nccl" && rows[i - 1].algbw > 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@
 
 #include "comm/bootstrap.h"
 #include "comm/host.h"
+#include "kernels/wire_format.h"
 
 namespace gtp::bench {
 
@@ -29,11 +31,19 @@ struct BenchOptions {
   comm::HostReduceOp op = comm::HostReduceOp::kSum;        // -o sum | mean (reduce_scatter)
   std::string json_path;                                   // --json
   BenchPath path = BenchPath::kAuto;                       // --path auto | host | gpu
+  std::string profile_path;                                // --profile FILE: the grid's parallel sizes
+  std::string group = "world";                             // --group: a group family or dims (needs --profile)
+  // --format (all_gather only): the payload is a BF16 weight [rows, kWireCols] gathered as this wire.
+  std::optional<kernels::WireFormat> format;
 };
 
+// Columns of the weight a --format sweep gathers: every size S is a BF16 weight [rows, kWireCols].
+inline constexpr std::size_t kWireCols = 4096;
+
 // Parses `COLLECTIVE [-b SIZE] [-e SIZE] [-f N] [-n N] [-w N] [-c 0|1] [-d TYPE] [-o OP] [--json PATH]
-// [--path auto|host|gpu]`
-// (sizes accept K, M, G suffixes, powers of 1024). Throws std::invalid_argument with the usage.
+// [--path auto|host|gpu] [--profile FILE] [--group NAME] [--format bf16|fp8|mxfp8|nvfp4]`
+// (sizes accept K, M, G suffixes, powers of 1024). Throws std::invalid_argument naming the flag, with
+// the usage.
 BenchOptions parse_bench_args(const std::vector<std::string>& args);
 
 // Parses "4096", "64K", "16M", "1G".
@@ -42,7 +52,9 @@ std::size_t parse_size(const std::string& text);
 // nccl-tests' busbw factor for all-gather and reduce-scatter: (n-1)/n.
 double bus_bandwidth_factor(int ranks);
 
-// One size of the sweep: S rounded down so every rank gets the same whole number of elements.
+// One size of the sweep: S rounded down so every rank gets the same whole number of elements. With
+// --format, S is rounded down to a BF16 weight of kWireCols columns whose shards have a multiple of 32
+// rows (MXFP8's alignment, so every format gathers the same weight), at least 32 rows per rank.
 struct SweepPoint {
   std::size_t size;  // S, total bytes (gathered output, or reduce-scatter input)
   std::size_t count;
@@ -69,19 +81,34 @@ struct BenchRow {
   double algbw;    // GB/s, 1e9 bytes
   double busbw;
   long long wrong;   // wrong elements over all ranks in the checked iteration; -1 without -c
-  std::string path;  // "host", "nccl" (raw NCCL on a plain stream) or "gtp_stream" (see nccl_bench.h)
+  std::string path;  // "host", "nccl" (raw NCCL on a plain stream), "gtp_stream" (see nccl_bench.h), or
+                     // "host_wire" / "gtp_wire" for --format rows
+  // --format rows: pack + one all-gather of the wire chunks + unpack to the BF16 weight. time_us, algbw
+  // and busbw are end to end (S = the BF16 weight materialized).
+  struct Wire {
+    std::size_t wire_bytes = 0;  // gathered: chunk_bytes x ranks
+    double pack_us = 0, gather_us = 0, unpack_us = 0, e2e_us = 0;
+    double e2e_ratio_to_bf16 = 0;  // time of the BF16 gather of the same weight (same run) / e2e_us
+  };
+  std::optional<Wire> wire;
 };
 
-// Collective over `bootstrap`: averages the time over ranks and sums the wrong counts.
+// Collective over `bootstrap` (every rank of the job): averages the time over ranks and sums the wrong
+// counts; busbw uses `group_size`, the ranks of the collective.
 BenchRow summarize(comm::Bootstrap& bootstrap, const BenchOptions& options, const SweepPoint& point, double mean_us,
-                   long long wrong, const std::string& path);
+                   long long wrong, const std::string& path, int group_size);
 
-// The host-transport path: every rank takes part, every rank gets the same rows.
+// Collective over `bootstrap`: each value averaged over ranks.
+std::vector<double> average_over_ranks(comm::Bootstrap& bootstrap, const std::vector<double>& values);
+
+// The host-transport path: `comm` spans this rank's group, `bootstrap` the whole job; every rank gets
+// the same rows. With --format, each size adds the wire row (wire_bench.h).
 std::vector<BenchRow> run_host_bench(comm::HostComm& comm, comm::Bootstrap& bootstrap, const BenchOptions& options);
 
-std::string format_header(const BenchOptions& options, int ranks, const std::string& transport);
+// `ranks`: of the job; `group`: the collective's group ("world" or the --group) and its size.
+std::string format_header(const BenchOptions& options, int ranks, const std::string& transport, int group_size);
 std::string format_row(const BenchRow& row);
 nlohmann::json to_json(const BenchOptions& options, int ranks, const std::vector<BenchRow>& rows,
-                       const std::string& command, const std::string& transport);
+                       const std::string& command, const std::string& transport, int group_size);
 
 }  // namespace gtp::bench

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/collectives/bench_groups.h"
 #include "bench/collectives/collective_bench.h"
 #include "bench/collectives/nccl_bench.h"
+#include "comm/group_bootstrap.h"
 #include "comm/host.h"
 #include "comm/ucx_bootstrap.h"
 
@@ -37,14 +39,17 @@ std::string nccl_version_text() {
 
 int main(int argc, char** argv) {
   bench::BenchOptions options;
-  try {
+  comm::UcxBootstrapConfig config;
+  bench::BenchGroups groups;
+  try {  // bad flags, environment or profile: usage errors
     options = bench::parse_bench_args(std::vector<std::string>(argv + 1, argv + argc));
+    config = comm::UcxBootstrapConfig::from_env();
+    groups = bench::resolve_groups(options, config.world_size);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "gtp-bench: %s\n", e.what());
     return 2;
   }
   try {
-    const comm::UcxBootstrapConfig config = comm::UcxBootstrapConfig::from_env();
     comm::UcxBootstrap bootstrap(config);
     const int devices = bench::cuda_device_count();
     if (options.path == bench::BenchPath::kGpu && devices == 0) {
@@ -57,21 +62,24 @@ int main(int argc, char** argv) {
       const int device = device_for(bootstrap.rank(), devices);
       transport = "GPU, NCCL " + nccl_version_text() + ", one GPU per rank (" + std::to_string(devices) +
                   " visible on this host)";
-      rows = bench::run_nccl_bench(bootstrap, options, device, config.timeout);
+      rows = bench::run_nccl_bench(bootstrap, options, device, config.timeout, groups);
     } else {
       transport = std::string("host memory over UCX (") +
                   (devices == 0 ? "no CUDA device" : "--path host") + "; measures CPU and loopback, not GPUs)";
-      comm::HostComm host(bootstrap, config.timeout);
+      // Each group gets its own host communicator; all groups run the sweep side by side.
+      comm::GroupBootstrap group(bootstrap, groups.group_of(bootstrap.rank()));
+      comm::HostComm host(group, config.timeout);
       rows = bench::run_host_bench(host, bootstrap, options);
     }
     if (bootstrap.rank() == 0) {
-      std::fputs(bench::format_header(options, bootstrap.world_size(), transport).c_str(), stdout);
+      const int ranks = bootstrap.world_size();
+      std::fputs(bench::format_header(options, ranks, transport, groups.group_size).c_str(), stdout);
       for (const bench::BenchRow& row : rows) std::fputs(bench::format_row(row).c_str(), stdout);
       if (!options.json_path.empty()) {
         std::string command;
         for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
         std::ofstream(options.json_path)
-            << bench::to_json(options, bootstrap.world_size(), rows, command, transport).dump(2) << "\n";
+            << bench::to_json(options, ranks, rows, command, transport, groups.group_size).dump(2) << "\n";
       }
     }
     bool any_wrong = false;

@@ -9,9 +9,11 @@
 #include <string>
 #include <thread>
 
+#include "bench/collectives/wire_bench.h"
 #include "comm/errors.h"
 #include "comm/nccl.h"
 #include "comm/streams.h"
+#include "kernels/cuda_kernels.h"
 
 namespace gtp::bench {
 namespace {
@@ -66,6 +68,81 @@ void wait_event(cudaEvent_t event, comm::NcclComm& comm, std::chrono::millisecon
   }
 }
 
+// Mean time per iteration of `body` over `iters` iterations on `stream`, by CUDA events.
+template <typename Body>
+double timed_us(const Body& body, int iters, cudaStream_t stream, Event& start, Event& stop, comm::NcclComm& comm,
+                std::chrono::milliseconds timeout) {
+  check_cuda(cudaEventRecord(start.handle, stream), "cudaEventRecord");
+  for (int i = 0; i < iters; ++i) body();
+  check_cuda(cudaEventRecord(stop.handle, stream), "cudaEventRecord");
+  wait_event(stop.handle, comm, timeout);
+  float elapsed_ms = 0;
+  check_cuda(cudaEventElapsedTime(&elapsed_ms, start.handle, stop.handle), "cudaEventElapsedTime");
+  return elapsed_ms * 1e3 / iters;
+}
+
+// The "gtp_wire" row of one size: pack, one all-gather of the chunks, unpack, all on `stream`.
+BenchRow run_wire(comm::Bootstrap& bootstrap, const BenchOptions& options, const SweepPoint& point,
+                  comm::NcclComm& comm, cudaStream_t stream, std::chrono::milliseconds timeout,
+                  double bf16_gather_us) {
+  const int n = comm.size();
+  const kernels::WireSpec spec = wire_spec(options);
+  const kernels::ChunkLayout layout = wire_layout(options, point);
+  const std::vector<unsigned char> host_shard = make_input(options, point, comm.rank());
+  DeviceBuffer shard(host_shard.size()), chunk(layout.chunk_bytes), gathered(layout.chunk_bytes * n),
+      weight(point.size);
+  check_cuda(cudaMemcpy(shard.data, host_shard.data(), host_shard.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
+  kernels::PackArgs args;
+  args.shard = shard.data;
+  args.src_dtype = kernels::SourceDtype::kBF16;
+  args.shard_rows = args.valid_rows = static_cast<int64_t>(point.per_rank_count / kWireCols);
+  args.cols = kWireCols;
+  args.chunk = chunk.data;
+  args.chunk_capacity = layout.chunk_bytes;
+  const kernels::GatheredChunks in{gathered.data, layout.chunk_bytes * n, wire_geometry(options, point, n)};
+  const auto pack = [&] { kernels::pack_cuda(spec, args, stream); };
+  const auto gather = [&] {
+    const ncclResult_t result =
+        ncclAllGather(chunk.data, gathered.data, layout.chunk_bytes, ncclUint8, comm.get(), stream);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      throw comm::CommError(std::string("gtp-bench: ncclAllGather failed: ") + ncclGetErrorString(result), false);
+    }
+    comm.wait_enqueued(timeout);
+  };
+  const auto unpack = [&] {
+    kernels::unpack_cuda(spec, in, weight.data, static_cast<int64_t>(point.size), stream);
+  };
+  const auto e2e = [&] {
+    pack();
+    gather();
+    unpack();
+  };
+  Event start, stop;
+  for (int i = 0; i < options.warmup; ++i) e2e();
+  check_cuda(cudaEventRecord(stop.handle, stream), "cudaEventRecord");
+  wait_event(stop.handle, comm, timeout);
+  WireTimes times;
+  times.pack_us = timed_us(pack, options.iters, stream, start, stop, comm, timeout);
+  bootstrap.barrier();
+  times.gather_us = timed_us(gather, options.iters, stream, start, stop, comm, timeout);
+  times.unpack_us = timed_us(unpack, options.iters, stream, start, stop, comm, timeout);
+  bootstrap.barrier();
+  times.e2e_us = timed_us(e2e, options.iters, stream, start, stop, comm, timeout);
+  long long wrong = -1;
+  if (options.check) {  // a fresh iteration with every buffer cleared, against the CPU reference
+    check_cuda(cudaMemsetAsync(chunk.data, 0, layout.chunk_bytes, stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(gathered.data, 0, layout.chunk_bytes * n, stream), "cudaMemsetAsync");
+    check_cuda(cudaMemsetAsync(weight.data, 0, point.size, stream), "cudaMemsetAsync");
+    e2e();
+    check_cuda(cudaEventRecord(stop.handle, stream), "cudaEventRecord");
+    wait_event(stop.handle, comm, timeout);
+    std::vector<std::uint16_t> got(point.count);
+    check_cuda(cudaMemcpy(got.data(), weight.data, point.size, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    wrong = count_mismatches(got, reference_weight(options, point, n));
+  }
+  return summarize_wire(bootstrap, options, point, times, wrong, "gtp_wire", n, bf16_gather_us);
+}
+
 }  // namespace
 
 int cuda_device_count() {
@@ -74,13 +151,16 @@ int cuda_device_count() {
 }
 
 std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOptions& options, int device,
-                                     std::chrono::milliseconds timeout) {
+                                     std::chrono::milliseconds timeout, const BenchGroups& groups) {
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
   comm::NcclGroupConfig config;
   config.comm_name = "gtp-bench";
-  comm::NcclComm world = comm::NcclComm::create_world(bootstrap, timeout, config);
-  const int n = world.size();
-  const int rank = world.rank();
+  comm::NcclComm job = comm::NcclComm::create_world(bootstrap, timeout, config);
+  comm::NcclComm split;
+  if (groups.name != "world") split = job.split(groups.groups, config, timeout);
+  comm::NcclComm& group = groups.name != "world" ? split : job;  // the communicator of this rank's group
+  const int n = group.size();
+  const int rank = group.rank();
   const bool gather = options.collective == Collective::kAllGather;
   const ncclDataType_t type = options.type == comm::HostDataType::kFloat32 ? ncclFloat32 : ncclBfloat16;
   const ncclRedOp_t op = options.op == comm::HostReduceOp::kSum ? ncclSum : ncclAvg;
@@ -107,12 +187,12 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
     check_cuda(cudaMemcpy(input.data, host_input.data(), host_input.size(), cudaMemcpyHostToDevice), "cudaMemcpy");
     auto issue = [&](cudaStream_t stream) {
       const ncclResult_t result =
-          gather ? ncclAllGather(input.data, output.data, point.per_rank_count, type, world.get(), stream)
-                 : ncclReduceScatter(input.data, output.data, point.per_rank_count, type, op, world.get(), stream);
+          gather ? ncclAllGather(input.data, output.data, point.per_rank_count, type, group.get(), stream)
+                 : ncclReduceScatter(input.data, output.data, point.per_rank_count, type, op, group.get(), stream);
       if (result != ncclSuccess && result != ncclInProgress) {
         throw comm::CommError(std::string("gtp-bench: NCCL collective failed: ") + ncclGetErrorString(result), false);
       }
-      world.wait_enqueued(timeout);
+      group.wait_enqueued(timeout);
     };
     for (const bool raw : {true, false}) {
       cudaStream_t timed = raw ? raw_stream.handle : consumer.handle;
@@ -125,12 +205,12 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
       };
       for (int i = 0; i < options.warmup; ++i) run_once();
       check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-      wait_event(stop.handle, world, timeout);
+      wait_event(stop.handle, group, timeout);
       bootstrap.barrier();
       check_cuda(cudaEventRecord(start.handle, timed), "cudaEventRecord");
       for (int i = 0; i < options.iters; ++i) run_once();
       check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-      wait_event(stop.handle, world, timeout);
+      wait_event(stop.handle, group, timeout);
       float elapsed_ms = 0;
       check_cuda(cudaEventElapsedTime(&elapsed_ms, start.handle, stop.handle), "cudaEventElapsedTime");
 
@@ -140,16 +220,20 @@ std::vector<BenchRow> run_nccl_bench(comm::Bootstrap& bootstrap, const BenchOpti
         check_cuda(cudaMemsetAsync(output.data, 0, output_bytes, timed), "cudaMemsetAsync");
         run_once();
         check_cuda(cudaEventRecord(stop.handle, timed), "cudaEventRecord");
-        wait_event(stop.handle, world, timeout);
+        wait_event(stop.handle, group, timeout);
         std::vector<unsigned char> host_output(output_bytes);
         check_cuda(cudaMemcpy(host_output.data(), output.data, output_bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
         wrong = count_wrong(host_output, options, point, rank, n, epsilon);
       }
       rows.push_back(summarize(bootstrap, options, point, elapsed_ms * 1e3 / options.iters, wrong,
-                               raw ? "nccl" : "gtp_stream"));
+                               raw ? "nccl" : "gtp_stream", n));
+    }
+    if (options.format) {
+      const double bf16_gather_us = rows[rows.size() - 2].time_us;  // this size's "nccl" row
+      rows.push_back(run_wire(bootstrap, options, point, group, raw_stream.handle, timeout, bf16_gather_us));
     }
   }
-  world.check_async_error();
+  group.check_async_error();
   return rows;
 }
 

@@ -1,0 +1,116 @@
+#include "remat/cache.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace gtp::remat {
+
+Cache::~Cache() {
+  for (Slot& slot : slots_) backend_.deallocate(slot.ptr, slot.capacity);
+}
+
+int Cache::take(std::int64_t bytes, bool on_demand) {
+  const auto fits_budget = [&](std::int64_t extra) {
+    return config_.budget_bytes == 0 || stats_.slot_bytes + extra <= config_.budget_bytes;
+  };
+  for (;;) {
+    int best = -1;  // the smallest free slot that fits; else the largest free slot (to grow)
+    int largest_free = -1;
+    for (int i = 0; i < size(); ++i) {
+      const Slot& s = slots_[i];
+      if (s.state != State::kFree) continue;
+      if (s.capacity >= bytes && (best < 0 || s.capacity < slots_[best].capacity)) best = i;
+      if (largest_free < 0 || s.capacity > slots_[largest_free].capacity) largest_free = i;
+    }
+    if (best < 0 && largest_free >= 0 && fits_budget(bytes - slots_[largest_free].capacity)) {
+      Slot& s = slots_[largest_free];
+      backend_.deallocate(s.ptr, s.capacity);
+      stats_.slot_bytes -= s.capacity;
+      s.ptr = backend_.allocate(bytes);
+      s.capacity = bytes;
+      stats_.slot_bytes += bytes;
+      best = largest_free;
+    }
+    if (best < 0 && fits_budget(bytes)) {
+      Slot s;
+      s.ptr = backend_.allocate(bytes);
+      s.capacity = bytes;
+      stats_.slot_bytes += bytes;
+      ++stats_.slots;
+      slots_.push_back(std::move(s));
+      best = size() - 1;
+    }
+    if (best >= 0) {
+      Slot& s = slots_[best];
+      for (Event event : s.releases) backend_.wait(backend_.side_stream(), event);
+      s.releases.clear();
+      ++s.generation;
+      s.filled = ++fills_;
+      return best;
+    }
+    if (!on_demand) {
+      ++stats_.budget_waits;
+      return -1;
+    }
+    int victim = -1;
+    for (int i = 0; i < size(); ++i) {
+      if (slots_[i].state == State::kPrefetched) victim = i;
+    }
+    if (victim < 0) {
+      throw std::runtime_error("memory budget of " + std::to_string(config_.budget_bytes) + " bytes cannot hold " +
+                               std::to_string(bytes) + " more bytes while " + std::to_string(stats_.slot_bytes) +
+                               " bytes are held by consumers; raise the budget or release weights sooner");
+    }
+    free_slot(slots_[victim]);
+    ++stats_.evictions;
+  }
+}
+
+int Cache::find_prefetched(int chain, std::int64_t position) const {
+  for (int i = 0; i < size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == State::kPrefetched && s.chain == chain && s.position == position) return i;
+  }
+  return -1;
+}
+
+int Cache::find_held(const ChainKey& key) const {
+  int found = -1;
+  for (int i = 0; i < size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == State::kHeld && s.key == key && (found < 0 || s.filled < slots_[found].filled)) found = i;
+  }
+  return found;
+}
+
+void Cache::free_slot(Slot& slot) {
+  slot.state = State::kFree;
+  slot.key.clear();
+  slot.versions.clear();
+  slot.chain = -1;
+  slot.position = -1;
+  slot.consumers = 0;
+  if (config_.poison_released) {
+    for (Event event : slot.releases) backend_.wait(backend_.side_stream(), event);
+    backend_.fill(slot.ptr, 0xFF, slot.capacity);
+  }
+}
+
+void Cache::drop(int index) {
+  free_slot(slots_[index]);
+  ++stats_.dropped_prefetches;
+}
+
+void Cache::drop_all_prefetched() {
+  for (Slot& slot : slots_) {
+    if (slot.state == State::kPrefetched) free_slot(slot);
+  }
+}
+
+void Cache::release(int index, Event event) {
+  Slot& slot = slots_[index];
+  slot.releases.push_back(event);
+  if (--slot.consumers == 0) free_slot(slot);
+}
+
+}  // namespace gtp::remat

@@ -1,5 +1,6 @@
 #include "remat/cache.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -13,29 +14,29 @@ int Cache::take(std::int64_t bytes, bool on_demand) {
   const auto fits_budget = [&](std::int64_t extra) {
     return config_.budget_bytes == 0 || stats_.slot_bytes + extra <= config_.budget_bytes;
   };
+  // Every slot is sized for the largest call seen so far, so any free slot serves any call and the
+  // slot count settles at the largest number in use at once.
+  largest_ = std::max(largest_, bytes);
   for (;;) {
-    int best = -1;  // the smallest free slot that fits; else the largest free slot (to grow)
-    int largest_free = -1;
-    for (int i = 0; i < size(); ++i) {
-      const Slot& s = slots_[i];
-      if (s.state != State::kFree) continue;
-      if (s.capacity >= bytes && (best < 0 || s.capacity < slots_[best].capacity)) best = i;
-      if (largest_free < 0 || s.capacity > slots_[largest_free].capacity) largest_free = i;
+    int best = -1;
+    for (int i = 0; i < size() && best < 0; ++i) {
+      if (slots_[i].state == State::kFree && slots_[i].capacity >= bytes) best = i;
     }
-    if (best < 0 && largest_free >= 0 && fits_budget(bytes - slots_[largest_free].capacity)) {
-      Slot& s = slots_[largest_free];
+    for (int i = 0; i < size() && best < 0; ++i) {  // grow a free slot
+      Slot& s = slots_[i];
+      if (s.state != State::kFree || !fits_budget(largest_ - s.capacity)) continue;
       backend_.deallocate(s.ptr, s.capacity);
       stats_.slot_bytes -= s.capacity;
-      s.ptr = backend_.allocate(bytes);
-      s.capacity = bytes;
-      stats_.slot_bytes += bytes;
-      best = largest_free;
+      s.ptr = backend_.allocate(largest_);
+      s.capacity = largest_;
+      stats_.slot_bytes += largest_;
+      best = i;
     }
-    if (best < 0 && fits_budget(bytes)) {
+    if (best < 0 && fits_budget(largest_)) {
       Slot s;
-      s.ptr = backend_.allocate(bytes);
-      s.capacity = bytes;
-      stats_.slot_bytes += bytes;
+      s.ptr = backend_.allocate(largest_);
+      s.capacity = largest_;
+      stats_.slot_bytes += largest_;
       ++stats_.slots;
       slots_.push_back(std::move(s));
       best = size() - 1;

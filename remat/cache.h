@@ -7,8 +7,8 @@
 // slot keeps every consumer's release event; whoever refills it first makes the side stream wait on
 // them, so reuse is ordered after every release on the device timeline, never by a host sync.
 //
-// Addresses are stable: slots are allocated in warm-up and only grow (counted) when a larger call
-// comes; in steady state nothing is allocated. The budget caps the bytes of all slots: a prefetch that
+// Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
+// grow (counted) when a larger call comes; in steady state nothing is allocated. The budget caps the bytes of all slots: a prefetch that
 // would exceed it waits (returns no slot, counted); an on-demand fill first evicts prefetched slots.
 #pragma once
 
@@ -85,6 +85,7 @@ class Cache {
   CacheConfig config_;
   std::vector<Slot> slots_;
   std::uint64_t fills_ = 0;
+  std::int64_t largest_ = 0;  // the largest take() so far: the size of new and grown slots
   CacheStats stats_;
 };
 

@@ -1,0 +1,195 @@
+// A tiny three-layer linear model trained through the remat runtime, shared by the thread-rank tests
+// and the multi-process worker. Weights are in {-0.5, 0, 0.5} and inputs in {-1, 0, 1}, so every
+// product and sum below is exact in FP32 in any order: main grads must equal the single-process
+// reference bit for bit, whatever order the reduce-scatter sums in.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/host.h"
+#include "remat/host_backend.h"
+#include "remat/runtime.h"
+
+namespace gtp::remat::testing {
+
+inline float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+struct LayerShape {
+  std::int64_t rows, cols;  // out_features, in_features
+};
+inline const std::vector<LayerShape>& layer_shapes() {
+  static const std::vector<LayerShape> shapes = {{48, 32}, {32, 48}, {24, 32}};
+  return shapes;
+}
+inline constexpr std::int64_t kBatchRows = 4;
+
+// The unsharded BF16 weight of `layer` during `step`: values in {-0.5, 0, 0.5}.
+inline std::vector<std::uint16_t> full_weight(int layer, int step) {
+  const LayerShape shape = layer_shapes()[layer];
+  std::mt19937 rng(1000 * layer + step + 17);
+  std::vector<std::uint16_t> w(shape.rows * shape.cols);
+  for (std::uint16_t& v : w) {
+    const unsigned pick = rng() % 3;
+    v = pick == 0 ? 0 : pick == 1 ? 0x3F00 : 0xBF00;
+  }
+  return w;
+}
+
+// The input of data rank `rank` for (step, microbatch): kBatchRows x cols of layer 0, in {-1, 0, 1}.
+inline std::vector<float> input(int step, int rank, int microbatch) {
+  std::mt19937 rng(7919 * step + 104729 * rank + 31 * microbatch + 5);
+  std::vector<float> x(kBatchRows * layer_shapes()[0].cols);
+  for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 3) - 1);
+  return x;
+}
+
+// y = x W^T for x [B, cols], W [rows, cols] given as BF16 bits.
+inline std::vector<float> forward(const std::vector<float>& x, const std::uint16_t* w, LayerShape s) {
+  std::vector<float> y(kBatchRows * s.rows, 0.0f);
+  for (std::int64_t b = 0; b < kBatchRows; ++b)
+    for (std::int64_t r = 0; r < s.rows; ++r)
+      for (std::int64_t c = 0; c < s.cols; ++c) y[b * s.rows + r] += x[b * s.cols + c] * bf16_to_float(w[r * s.cols + c]);
+  return y;
+}
+
+// dx = dy W and g += dy^T x.
+inline std::vector<float> backward(const std::vector<float>& dy, const std::vector<float>& x, const std::uint16_t* w,
+                                   LayerShape s, float* g) {
+  std::vector<float> dx(kBatchRows * s.cols, 0.0f);
+  for (std::int64_t b = 0; b < kBatchRows; ++b)
+    for (std::int64_t r = 0; r < s.rows; ++r) {
+      const float d = dy[b * s.rows + r];
+      for (std::int64_t c = 0; c < s.cols; ++c) {
+        dx[b * s.cols + c] += d * bf16_to_float(w[r * s.cols + c]);
+        g[r * s.cols + c] += d * x[b * s.cols + c];
+      }
+    }
+  return dx;
+}
+
+// The weight gradient of every layer, summed over data ranks and microbatches, divided by G: what
+// each rank's main grad must hold (its rows) after one step.
+inline std::vector<std::vector<float>> reference_grads(int step, int group_size, int microbatches) {
+  const auto& shapes = layer_shapes();
+  std::vector<std::vector<std::uint16_t>> w;
+  std::vector<std::vector<float>> g;
+  for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+    w.push_back(full_weight(l, step));
+    g.emplace_back(shapes[l].rows * shapes[l].cols, 0.0f);
+  }
+  for (int rank = 0; rank < group_size; ++rank)
+    for (int mb = 0; mb < microbatches; ++mb) {
+      std::vector<std::vector<float>> xs = {input(step, rank, mb)};
+      for (std::size_t l = 0; l < shapes.size(); ++l) xs.push_back(forward(xs[l], w[l].data(), shapes[l]));
+      std::vector<float> dy(kBatchRows * shapes.back().rows, 1.0f);
+      for (int l = static_cast<int>(shapes.size()) - 1; l >= 0; --l) dy = backward(dy, xs[l], w[l].data(), shapes[l], g[l].data());
+    }
+  for (auto& layer : g)
+    for (float& v : layer) v /= static_cast<float>(group_size);
+  return g;
+}
+
+struct TrainReport {
+  RuntimeStats runtime;
+  CacheStats cache;
+  std::int64_t largest_group_bytes = 0;  // the largest single materialize call's slot bytes
+};
+
+struct TrainOptions {
+  int steps = 4;
+  int microbatches = 2;
+  RuntimeConfig config;
+};
+
+// Trains on this rank (data rank = group rank) and checks, every step: every materialized weight is
+// bit-identical to the unsharded weight; main grads equal the reference; after the first two steps
+// (recording, then the first prefetching step) nothing is allocated; the cache never holds more than
+// (depth + 1) x the largest weight group.
+inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, TrainReport* report = nullptr) {
+  const auto& shapes = layer_shapes();
+  const int layers = static_cast<int>(shapes.size());
+  HostBackend backend({&comm});
+  Runtime runtime(backend, options.config);
+  std::vector<std::vector<std::uint16_t>> shards(layers);
+  std::vector<std::vector<float>> main_grads(layers);
+  std::vector<WeightId> ids;
+  std::int64_t largest = 0;
+  for (int l = 0; l < layers; ++l) {
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shapes[l].rows, shapes[l].cols, comm.size());
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    shards[l].resize(std::max<std::int64_t>(valid, 1) * shapes[l].cols);
+    main_grads[l].assign(std::max<std::int64_t>(valid, 1) * shapes[l].cols, 0.0f);
+    WeightDesc desc;
+    desc.name = "layer" + std::to_string(l);
+    desc.shard = shards[l].data();
+    desc.rows = shapes[l].rows;
+    desc.cols = shapes[l].cols;
+    desc.main_grad = main_grads[l].data();
+    ids.push_back(runtime.register_weight(desc));
+    const Weight& w = runtime.registry().get(ids.back());
+    largest = std::max(largest, w.geometry.group_size * w.layout.chunk_bytes + w.output_bytes);
+  }
+  std::int64_t warm_allocations = 0;
+  for (int step = 0; step < options.steps; ++step) {
+    for (int l = 0; l < layers; ++l) {
+      const auto full = full_weight(l, step);
+      const auto geometry = runtime.registry().get(ids[l]).geometry;
+      const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+      const std::int64_t valid = geometry.valid_rows(comm.rank()) * shapes[l].cols;
+      std::copy(full.begin() + first, full.begin() + first + valid, shards[l].begin());
+      std::fill(main_grads[l].begin(), main_grads[l].end(), 0.0f);
+    }
+    runtime.shard_updated(ids.data(), layers);
+    for (int mb = 0; mb < options.microbatches; ++mb) {
+      std::vector<std::vector<float>> xs = {input(step, comm.rank(), mb)};
+      for (int l = 0; l < layers; ++l) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        const auto full = full_weight(l, step);
+        ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "forward layer " << l << " step " << step;
+        xs.push_back(forward(xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l]));
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      std::vector<float> dy(kBatchRows * shapes.back().rows, 1.0f);
+      for (int l = layers - 1; l >= 0; --l) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, nullptr);
+        const auto full = full_weight(l, step);
+        ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "backward layer " << l << " step " << step;
+        float* g = runtime.grad_buffer(ids[l], nullptr);
+        dy = backward(dy, xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l], g);
+        runtime.release(&ids[l], 1, nullptr);
+        runtime.finalize(&ids[l], 1, mb == options.microbatches - 1, nullptr);
+      }
+    }
+    runtime.drain(nullptr);
+    const auto reference = reference_grads(step, comm.size(), options.microbatches);
+    for (int l = 0; l < layers; ++l) {
+      const auto geometry = runtime.registry().get(ids[l]).geometry;
+      const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+      const std::int64_t valid = geometry.valid_rows(comm.rank()) * shapes[l].cols;
+      for (std::int64_t i = 0; i < valid; ++i) {
+        ASSERT_EQ(main_grads[l][i], reference[l][first + i]) << "layer " << l << " element " << i << " step " << step;
+      }
+    }
+    EXPECT_LE(runtime.cache_stats().slot_bytes, (options.config.depth + 1) * largest) << "step " << step;
+    if (step == 1) warm_allocations = backend.memory().allocations;
+    if (step > 1) EXPECT_EQ(backend.memory().allocations, warm_allocations) << "allocated in steady state, step " << step;
+  }
+  const RuntimeStats stats = runtime.stats();
+  EXPECT_GT(stats.prefetch_hits, 0) << runtime.stats_json();
+  EXPECT_GT(stats.stale_prefetches, 0) << "the head prefetched across the step boundary was not re-gathered";
+  EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
+  EXPECT_EQ(runtime.grads_stats().grads_ready, options.steps * layers * (options.config.grads.accumulate_microbatches ? 1 : options.microbatches));
+  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest};
+}
+
+}  // namespace gtp::remat::testing

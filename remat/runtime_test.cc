@@ -1,0 +1,329 @@
+// The remat runtime on the host backend with ranks as threads (ThreadBootstrap + HostComm over UCX):
+// training against a single-process reference, every wire format against the reference decode,
+// chain verification, the memory budget, lifetime under poisoning, and misuse.
+#include "remat/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
+#include "kernels/reference.h"
+#include "remat/internal/test_model.h"
+
+namespace gtp::remat {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::TrainOptions;
+using testing::TrainReport;
+constexpr milliseconds kTimeout{60000};
+
+void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
+  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
+  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
+    comm::HostComm comm(*group[rank], kTimeout);
+    body(comm);
+  }));
+}
+
+TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith2RanksDepth1) {
+  on_ranks(2, [](comm::HostComm& comm) { testing::train_and_check(comm, TrainOptions{}); });
+}
+
+TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith4RanksDepth2) {
+  TrainOptions options;
+  options.config.depth = 2;
+  on_ranks(4, [&](comm::HostComm& comm) { testing::train_and_check(comm, options); });
+}
+
+TEST(Runtime, AccumulatingWgradsAcrossMicrobatchesReducesOncePerStep) {
+  TrainOptions options;
+  options.config.depth = 3;
+  options.microbatches = 3;
+  options.config.grads.accumulate_microbatches = true;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+  });
+}
+
+TEST(Runtime, GradReadyCallbackFiresOncePerWeightAndReduction) {
+  std::vector<int> ready(2, 0);
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainOptions options;
+    options.steps = 3;
+    options.config.grads.grad_ready = [&](WeightId) { ++ready[comm.rank()]; };
+    testing::train_and_check(comm, options);
+  });
+  EXPECT_EQ(ready[0], 3 * 3 * 2);
+  EXPECT_EQ(ready[1], 3 * 3 * 2);
+}
+
+TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
+  // Layer 0 with G = 2 is the largest group: 2 gathered chunks of 32x32 BF16 plus a 48x32 output.
+  const std::int64_t largest = 2 * 2048 + 3072;
+  TrainOptions options;
+  options.config.depth = 3;
+  options.config.cache.budget_bytes = 2 * largest;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+    EXPECT_EQ(report.largest_group_bytes, largest);
+    EXPECT_GT(report.cache.budget_waits, 0);
+    EXPECT_LE(report.cache.slot_bytes, options.config.cache.budget_bytes);
+  });
+}
+
+// Every wire format, with an expert group: the materialized weights equal the reference decode of the
+// chunks a single process packs from the full weight with the group-wide amax.
+void check_wire_format(int g, kernels::WireSpec spec) {
+  const std::int64_t rows = 40, cols = 64;
+  const int experts = 3;
+  auto full_weight = [&](int expert, int step) {
+    std::mt19937 rng(100 * expert + step);
+    std::normal_distribution<float> normal(0.0f, 1.0f + expert + step);
+    std::vector<float> w(rows * cols);
+    for (float& v : w) v = normal(rng);
+    return w;
+  };
+  on_ranks(g, [&](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, g);
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    std::vector<std::vector<float>> shards(experts, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols));
+    std::vector<WeightId> ids;
+    for (int e = 0; e < experts; ++e) {
+      WeightDesc desc;
+      desc.name = "expert" + std::to_string(e);
+      desc.shard = shards[e].data();
+      desc.dtype = kernels::SourceDtype::kFP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = spec;
+      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
+      ids.push_back(runtime.register_weight(desc));
+    }
+    const kernels::ChunkLayout layout = runtime.registry().get(ids[0]).layout;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<std::uint16_t>> expected;
+      for (int e = 0; e < experts; ++e) {
+        const auto full = full_weight(e, step);
+        std::copy(full.begin() + comm.rank() * geometry.shard_rows * cols,
+                  full.begin() + (comm.rank() * geometry.shard_rows + valid) * cols, shards[e].begin());
+        const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+        std::vector<unsigned char> chunks(g * layout.chunk_bytes);
+        for (int r = 0; r < g; ++r) {
+          kernels::PackArgs args;
+          args.shard = full.data() + r * geometry.shard_rows * cols;
+          args.src_dtype = kernels::SourceDtype::kFP32;
+          args.shard_rows = geometry.shard_rows;
+          args.valid_rows = geometry.valid_rows(r);
+          args.cols = cols;
+          args.amax = &amax;
+          args.chunk = chunks.data() + r * layout.chunk_bytes;
+          args.chunk_capacity = layout.chunk_bytes;
+          kernels::pack_reference(spec, args);
+        }
+        expected.emplace_back(rows * cols);
+        kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
+                                  expected.back().data(), rows * cols * 2);
+      }
+      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
+      for (int pass = 0; pass < 2; ++pass) {
+        const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
+        for (int e = 0; e < experts; ++e) {
+          ASSERT_EQ(std::memcmp(out[e], expected[e].data(), rows * cols * 2), 0)
+              << kernels::to_string(spec.format) << " expert " << e << " step " << step << " pass " << pass;
+        }
+        runtime.release(ids.data(), 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  });
+}
+
+TEST(Runtime, EveryWireFormatMatchesTheReferenceDecode) {
+  for (int g : {2, 4}) {
+    check_wire_format(g, {kernels::WireFormat::kBF16});
+    check_wire_format(g, {kernels::WireFormat::kFP8});
+    check_wire_format(g, {kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kRceil});
+    check_wire_format(g, {kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kFloor});
+    check_wire_format(g, {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D});
+    check_wire_format(g, {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D});
+  }
+}
+
+// Registers the three model layers with the step-0 weights; returns their ids.
+std::vector<WeightId> register_model(Runtime& runtime, comm::HostComm& comm, std::vector<std::vector<std::uint16_t>>& shards) {
+  const auto& shapes = testing::layer_shapes();
+  std::vector<WeightId> ids;
+  for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shapes[l].rows, shapes[l].cols, comm.size());
+    const auto full = testing::full_weight(l, 0);
+    const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+    shards.emplace_back(full.begin() + first, full.begin() + first + geometry.valid_rows(comm.rank()) * shapes[l].cols);
+    shards.back().resize(std::max<std::size_t>(shards.back().size(), 1));
+    WeightDesc desc;
+    desc.name = "layer" + std::to_string(l);
+    desc.shard = shards.back().data();
+    desc.rows = shapes[l].rows;
+    desc.cols = shapes[l].cols;
+    ids.push_back(runtime.register_weight(desc));
+  }
+  runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+  return ids;
+}
+
+void expect_layer(const void* out, int layer) {
+  const auto full = testing::full_weight(layer, 0);
+  EXPECT_EQ(std::memcmp(out, full.data(), full.size() * 2), 0) << "layer " << layer;
+}
+
+TEST(Runtime, ChainMismatchIsCountedReportedAndServedByAnOnDemandGather) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    auto pass = [&](const std::vector<int>& order) {
+      for (int l : order) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        expect_layer(out[0], l);
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    };
+    pass({0, 1, 2});  // records
+    pass({0, 1, 2});
+    EXPECT_EQ(runtime.stats().chain_mismatches, 0);
+    const std::int64_t hits = runtime.stats().prefetch_hits;
+    EXPECT_EQ(hits, 3);
+    for (int l : {0, 2, 1}) {  // reordered layers
+      const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+      expect_layer(out[0], l);
+      if (l == 2) {
+        EXPECT_EQ(runtime.stats().chain_mismatches, 1);
+        EXPECT_EQ(runtime.stats().last_mismatch, "expected weights [1] at position 1 of 3, got [2]");
+      }
+      runtime.release(&ids[l], 1, nullptr);
+    }
+    runtime.drain(nullptr);
+    EXPECT_EQ(runtime.stats().last_mismatch, "step ended at position 2 of 3");
+    const std::int64_t mismatches = runtime.stats().chain_mismatches;
+    pass({0, 2});  // a conditional branch skips a layer
+    EXPECT_GT(runtime.stats().chain_mismatches, mismatches);
+    const std::int64_t before = runtime.stats().chain_mismatches;
+    pass({0, 1, 2});
+    EXPECT_EQ(runtime.stats().chain_mismatches, before);
+    runtime.reset_chains();
+    pass({2, 1, 0});  // a rebuilt model records afresh
+    pass({2, 1, 0});
+    EXPECT_EQ(runtime.stats().chain_mismatches, before);
+  });
+}
+
+TEST(Runtime, PoisonedReleasedBuffersNeverCorruptWeightsStillInUse) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    config.cache.poison_released = true;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<void*> out(3);
+      for (int l = 0; l < 3; ++l) out[l] = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr)[0];
+      std::vector<bool> held(3, true);
+      for (int l : {1, 0, 2}) {
+        runtime.release(&ids[l], 1, nullptr);
+        held[l] = false;
+        if (step == 0) {  // recording: nothing is prefetched into the freed slot, so it must read poisoned
+          const auto* bytes = static_cast<const unsigned char*>(out[l]);
+          const std::int64_t n = testing::layer_shapes()[l].rows * testing::layer_shapes()[l].cols * 2;
+          EXPECT_TRUE(std::all_of(bytes, bytes + n, [](unsigned char b) { return b == 0xFF; })) << "layer " << l;
+        }
+        for (int k = 0; k < 3; ++k) {
+          if (held[k]) expect_layer(out[k], k);
+        }
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  });
+}
+
+template <typename Error>
+void expect_error(const std::function<void()>& call, const std::string& text) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << text << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+  }
+}
+
+TEST(Runtime, MisuseIsRefusedWithAMessage) {
+  on_ranks(1, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    expect_error<std::invalid_argument>([&] { Runtime(backend, RuntimeConfig{0}); }, "depth 0");
+    Runtime runtime(backend, RuntimeConfig{});
+    std::vector<std::uint16_t> shard(32 * 32, 0x3F80);
+    std::vector<float> grad(32 * 32, 0.0f);
+    WeightDesc desc;
+    desc.name = "w";
+    desc.shard = shard.data();
+    desc.rows = 32;
+    desc.cols = 32;
+    desc.group = 5;
+    expect_error<std::invalid_argument>([&] { runtime.register_weight(desc); }, "group 5");
+    desc.group = 0;
+    const WeightId id = runtime.register_weight(desc);
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "never packed");
+    runtime.shard_updated(&id, 1);
+    const WeightId unknown = 42;
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&unknown, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "42 is not registered");
+    expect_error<std::invalid_argument>([&] { runtime.release(&id, 1, nullptr); }, "not materialized");
+    runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.unregister_weight(id); }, "release it first");
+    runtime.release(&id, 1, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.release(&id, 1, nullptr); }, "double release");
+    expect_error<std::invalid_argument>([&] { runtime.grad_buffer(id, nullptr); }, "without a main grad");
+    expect_error<std::invalid_argument>([&] { runtime.finalize(&id, 1, true, nullptr); }, "has no grad buffer");
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&id, 1, Phase::kForward, -1, Layout::kBF16, nullptr); }, "chunk -1");
+    desc.main_grad = grad.data();
+    const WeightId with_grad = runtime.register_weight(desc);
+    runtime.grad_buffer(with_grad, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.unregister_weight(with_grad); }, "finalize and drain first");
+    runtime.unregister_weight(id);
+    expect_error<std::invalid_argument>([&] { runtime.shard_updated(&id, 1); }, "is not registered");
+
+    RuntimeConfig tight;
+    tight.cache.budget_bytes = 256;
+    Runtime small(backend, tight);
+    const WeightId big = small.register_weight(desc);
+    small.shard_updated(&big, 1);
+    expect_error<std::runtime_error>(
+        [&] { small.materialize(&big, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "memory budget of 256 bytes");
+  });
+}
+
+}  // namespace
+}  // namespace gtp::remat

@@ -33,10 +33,13 @@ Chain::Consume Chain::consume(const ChainKey& key) {
     order_.push_back(key);
     return result;
   }
-  if (order_[position_] == key) {
+  if (position_ < length() && order_[position_] == key) {
     result.verified = true;
-    result.position = position_;
-    position_ = (position_ + 1) % length();
+    result.position = position_++;
+    return result;
+  }
+  if (position_ == length()) {
+    mismatch("expected the end of the step after " + std::to_string(length()) + " entries, got " + describe(key));
     return result;
   }
   const auto later = std::find(order_.begin() + position_, order_.end(), key);
@@ -44,7 +47,7 @@ Chain::Consume Chain::consume(const ChainKey& key) {
            " of " + std::to_string(length()) + ", got " + describe(key));
   if (later != order_.end()) {
     result.position = later - order_.begin();
-    position_ = (result.position + 1) % length();
+    position_ = result.position + 1;
   }
   return result;
 }
@@ -59,7 +62,7 @@ std::vector<std::int64_t> Chain::upcoming(int depth) const {
 void Chain::end_step() {
   if (recording_) {
     recording_ = order_.empty();
-  } else if (position_ != 0) {
+  } else if (position_ != 0 && position_ != length()) {
     mismatch("step ended at position " + std::to_string(position_) + " of " + std::to_string(length()));
   }
   position_ = 0;

@@ -31,8 +31,8 @@ class Chain {
   const std::string& last_mismatch() const { return last_mismatch_; }
 
   // Records `key` (recording) or checks it against the entry at the current position. On a mismatch
-  // the chain resynchronises: if `key` occurs later in the order the position jumps past it (entries
-  // were skipped), otherwise the position stays (an extra entry).
+  // the chain resynchronises: if `key` occurs later in the step the position jumps past it (entries
+  // were skipped), otherwise the position stays (an extra entry, or one past the end of the step).
   Consume consume(const ChainKey& key);
 
   // The positions of the next `depth` entries from the current one, up to the end of the step (after
@@ -40,8 +40,8 @@ class Chain {
   std::vector<std::int64_t> upcoming(int depth) const;
   const ChainKey& at(std::int64_t position) const { return order_[position]; }
 
-  // End of a step (drain): a recording chain with entries closes; a verified chain that stopped short
-  // of its end counts a mismatch. The position returns to 0.
+  // End of a step (drain): a recording chain with entries closes; a verified chain that stopped inside
+  // the step counts a mismatch (one that was not used at all does not). The position returns to 0.
   void end_step();
   // Forgets the order (in-process model rebuild); the next step records again.
   void reset();

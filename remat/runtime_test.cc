@@ -221,7 +221,8 @@ TEST(Runtime, ChainMismatchIsCountedReportedAndServedByAnOnDemandGather) {
       runtime.release(&ids[l], 1, nullptr);
     }
     runtime.drain(nullptr);
-    EXPECT_EQ(runtime.stats().last_mismatch, "step ended at position 2 of 3");
+    EXPECT_EQ(runtime.stats().chain_mismatches, 2);
+    EXPECT_EQ(runtime.stats().last_mismatch, "expected the end of the step after 3 entries, got [1]");
     const std::int64_t mismatches = runtime.stats().chain_mismatches;
     pass({0, 2});  // a conditional branch skips a layer
     EXPECT_GT(runtime.stats().chain_mismatches, mismatches);
@@ -280,7 +281,9 @@ void expect_error(const std::function<void()>& call, const std::string& text) {
 TEST(Runtime, MisuseIsRefusedWithAMessage) {
   on_ranks(1, [](comm::HostComm& comm) {
     HostBackend backend({&comm});
-    expect_error<std::invalid_argument>([&] { Runtime(backend, RuntimeConfig{0}); }, "depth 0");
+    RuntimeConfig no_depth;
+    no_depth.depth = 0;
+    expect_error<std::invalid_argument>([&] { Runtime(backend, no_depth); }, "depth 0");
     Runtime runtime(backend, RuntimeConfig{});
     std::vector<std::uint16_t> shard(32 * 32, 0x3F80);
     std::vector<float> grad(32 * 32, 0.0f);

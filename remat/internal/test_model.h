@@ -182,7 +182,9 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
     }
     EXPECT_LE(runtime.cache_stats().slot_bytes, (options.config.depth + 1) * largest) << "step " << step;
     if (step == 1) warm_allocations = backend.memory().allocations;
-    if (step > 1) EXPECT_EQ(backend.memory().allocations, warm_allocations) << "allocated in steady state, step " << step;
+    if (step > 1) {
+      EXPECT_EQ(backend.memory().allocations, warm_allocations) << "allocated in steady state, step " << step;
+    }
   }
   const RuntimeStats stats = runtime.stats();
   EXPECT_GT(stats.prefetch_hits, 0) << runtime.stats_json();

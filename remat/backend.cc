@@ -21,4 +21,10 @@ void Backend::deallocate(void* ptr, std::int64_t bytes) {
   memory_.bytes_in_use -= bytes;
 }
 
+void Backend::order(Stream waiter, Stream producer) {
+  const Event event = record(producer);
+  wait(waiter, event);
+  forget(event);
+}
+
 }  // namespace gtp::remat

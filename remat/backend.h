@@ -8,7 +8,8 @@
 //   is enqueued on it, in call order.
 // - Consumer streams are opaque `Stream` values (cudaStream_t on CUDA). `record(stream)` returns an
 //   event marking all work enqueued on that stream so far (side_stream() names the side stream);
-//   `wait(stream, event)` orders later work on `stream` after it.
+//   `wait(stream, event)` orders later work on `stream` after it; `forget(event)` says the runtime
+//   will not wait on it again, so the backend may recycle it (a pooled cudaEvent_t).
 // - On the host backend every call completes before it returns, so streams are ignored and every
 //   event is complete when recorded; the runtime still records and waits on them, so both backends
 //   follow the same protocol.
@@ -73,6 +74,9 @@ class Backend {
   virtual Stream side_stream() = 0;
   virtual Event record(Stream stream) = 0;
   virtual void wait(Stream stream, Event event) = 0;
+  virtual void forget(Event event) = 0;
+  // Orders later work on `waiter` after everything enqueued on `producer` so far.
+  void order(Stream waiter, Stream producer);
 
  protected:
   virtual void* do_allocate(std::int64_t bytes) = 0;

@@ -7,7 +7,11 @@
 namespace gtp::remat {
 
 Cache::~Cache() {
-  for (Slot& slot : slots_) backend_.deallocate(slot.ptr, slot.capacity);
+  for (Slot& slot : slots_) {
+    for (Event event : slot.releases) backend_.forget(event);
+    if (slot.ready != 0) backend_.forget(slot.ready);
+    backend_.deallocate(slot.ptr, slot.capacity);
+  }
 }
 
 int Cache::take(std::int64_t bytes, bool on_demand) {
@@ -43,7 +47,10 @@ int Cache::take(std::int64_t bytes, bool on_demand) {
     }
     if (best >= 0) {
       Slot& s = slots_[best];
-      for (Event event : s.releases) backend_.wait(backend_.side_stream(), event);
+      for (Event event : s.releases) {
+        backend_.wait(backend_.side_stream(), event);
+        backend_.forget(event);
+      }
       s.releases.clear();
       ++s.generation;
       s.filled = ++fills_;

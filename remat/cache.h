@@ -47,7 +47,7 @@ class Cache {
     int chain = -1;                        // Prefetched: the chain and position it was fetched for
     std::int64_t position = -1;
     int consumers = 0;                     // Held
-    Event ready = 0;                       // side-stream event after the fill
+    Event ready = 0;                       // side-stream event after the fill (0: none pending)
     std::vector<Event> releases;           // consumers' release events since the last fill
   };
 

@@ -7,7 +7,10 @@
 namespace gtp::remat {
 
 Grads::~Grads() {
-  for (auto& [bytes, buffer] : pool_) backend_.deallocate(buffer.ptr, bytes);
+  for (auto& [bytes, buffer] : pool_) {
+    backend_.forget(buffer.ready);
+    backend_.deallocate(buffer.ptr, bytes);
+  }
   for (auto& [id, buffer] : handed_out_) backend_.deallocate(buffer.ptr, buffer.bytes);
   for (Pending& pending : pending_) backend_.deallocate(pending.staging.ptr, pending.staging.bytes);
 }
@@ -18,6 +21,7 @@ Grads::Pooled Grads::take(std::int64_t bytes) {
     Pooled buffer = found->second;
     pool_.erase(found);
     backend_.wait(backend_.side_stream(), buffer.ready);
+    backend_.forget(buffer.ready);
     return buffer;
   }
   ++stats_.pool_buffers;
@@ -48,7 +52,7 @@ float* Grads::buffer(WeightId id, Stream stream) {
   const std::int64_t bytes = weight.geometry.padded_rows * weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
   Pooled buffer = take(bytes);
   backend_.fill(buffer.ptr, 0, bytes);
-  backend_.wait(stream, backend_.record(backend_.side_stream()));
+  backend_.order(stream, backend_.side_stream());
   handed_out_[id] = buffer;
   return buffer.ptr;
 }
@@ -83,7 +87,7 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
   }
   if (config_.accumulate_microbatches && !last_microbatch) return;
   apply_pending();
-  backend_.wait(backend_.side_stream(), backend_.record(stream));
+  backend_.order(backend_.side_stream(), stream);
   for (WeightId id : ids) {
     const Weight& weight = registry_.get(id);
     const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
@@ -99,7 +103,7 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
 
 void Grads::drain(Stream stream) {
   apply_pending();
-  backend_.wait(stream, backend_.record(backend_.side_stream()));
+  backend_.order(stream, backend_.side_stream());
 }
 
 }  // namespace gtp::remat

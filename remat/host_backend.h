@@ -35,6 +35,7 @@ class HostBackend : public Backend {
   Stream side_stream() override { return nullptr; }
   Event record(Stream) override { return ++events_; }
   void wait(Stream, Event) override {}
+  void forget(Event) override {}
 
  protected:
   void* do_allocate(std::int64_t bytes) override;

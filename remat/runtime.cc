@@ -63,6 +63,7 @@ void Runtime::fill(int index, const ChainKey& key) {
   }
   slot.key = key;
   slot.versions = versions(key);
+  if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
   slot.ready = backend_.record(backend_.side_stream());
 }
 
@@ -147,6 +148,8 @@ std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Pha
   slot.position = -1;
   slot.consumers = 1;
   backend_.wait(stream, slot.ready);
+  backend_.forget(slot.ready);
+  slot.ready = 0;
   ++stats_.materializations;
   active_chain_ = c;
   std::vector<void*> out = outputs(index, key);

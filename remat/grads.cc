@@ -63,9 +63,8 @@ void Grads::apply_pending() {
     if (weight.valid_rows > 0) {
       backend_.add(pending.staging.ptr, weight.desc.main_grad, weight.valid_rows * weight.desc.cols);
     }
-    if (config_.grad_ready) {
-      const WeightId id = pending.id;
-      backend_.host_callback([this, id] { config_.grad_ready(id); });
+    if (config_.grad_ready) {  // by value: the callback may run after this object is gone
+      backend_.host_callback([callback = config_.grad_ready, id = pending.id] { callback(id); });
     }
     ++stats_.grads_ready;
     give_back(pending.staging);

@@ -67,9 +67,9 @@ void Runtime::fill(int index, const ChainKey& key) {
   slot.ready = backend_.record(backend_.side_stream());
 }
 
-std::vector<void*> Runtime::outputs(int index, const ChainKey& key) const {
+std::vector<void*> Runtime::outputs(int index, const ChainKey& key) {
   std::vector<void*> out;
-  char* next = static_cast<char*>(const_cast<Cache&>(cache_).slot(index).ptr);
+  char* next = static_cast<char*>(cache_.slot(index).ptr);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     next += w.geometry.group_size * w.layout.chunk_bytes;

@@ -79,7 +79,7 @@ class Runtime {
   std::int64_t bytes_for(const ChainKey& key) const;
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
   void fill(int slot, const ChainKey& key);
-  std::vector<void*> outputs(int slot, const ChainKey& key) const;
+  std::vector<void*> outputs(int slot, const ChainKey& key);
   void refill(int chain);
 
   Backend& backend_;

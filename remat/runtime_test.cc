@@ -236,6 +236,63 @@ TEST(Runtime, ChainMismatchIsCountedReportedAndServedByAnOnDemandGather) {
   });
 }
 
+TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    std::vector<WeightId> ids = register_model(runtime, comm, shards);
+    auto use = [&](int layer, Phase phase, int chunk) {
+      const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
+      expect_layer(out[0], layer);
+      runtime.release(&ids[layer], 1, nullptr);
+    };
+    auto step = [&] {  // chunk 0 holds layers 0 and 1, chunk 1 holds layer 2, which is recomputed
+      use(0, Phase::kForward, 0);
+      use(1, Phase::kForward, 0);
+      use(2, Phase::kForward, 1);
+      use(2, Phase::kRecompute, 1);
+      use(2, Phase::kBackward, 1);
+      use(1, Phase::kBackward, 0);
+      use(0, Phase::kBackward, 0);
+      runtime.drain(nullptr);
+    };
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(runtime.stats().chain_mismatches, 0) << runtime.stats().last_mismatch;
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+    const std::int64_t allocations = backend.memory().allocations;
+    step();
+    EXPECT_EQ(backend.memory().allocations, allocations);
+
+    // A rebuilt layer 2 (new id) no longer matches chunk 1's chains: counted, still served correctly.
+    runtime.unregister_weight(ids[2]);
+    shards.pop_back();
+    ids.pop_back();
+    const auto& shape = testing::layer_shapes()[2];
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shape.rows, shape.cols, comm.size());
+    const auto full = testing::full_weight(2, 0);
+    const std::int64_t first = comm.rank() * geometry.shard_rows * shape.cols;
+    shards.emplace_back(full.begin() + first, full.begin() + first + geometry.valid_rows(comm.rank()) * shape.cols);
+    shards.back().resize(std::max<std::size_t>(shards.back().size(), 1));
+    WeightDesc desc;
+    desc.name = "layer2 rebuilt";
+    desc.shard = shards.back().data();
+    desc.rows = shape.rows;
+    desc.cols = shape.cols;
+    ids.push_back(runtime.register_weight(desc));
+    runtime.shard_updated(&ids[2], 1);
+    step();
+    const std::int64_t mismatches = runtime.stats().chain_mismatches;
+    EXPECT_EQ(mismatches, 3);  // forward, recompute and backward chains of chunk 1
+    runtime.reset_chains();
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(runtime.stats().chain_mismatches, mismatches);
+  });
+}
+
 TEST(Runtime, PoisonedReleasedBuffersNeverCorruptWeightsStillInUse) {
   on_ranks(2, [](comm::HostComm& comm) {
     HostBackend backend({&comm});

@@ -6,13 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <cmath>
 #include <functional>
-#include <random>
 
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
-#include "kernels/reference.h"
 #include "remat/internal/test_model.h"
 
 namespace gtp::remat {
@@ -79,87 +76,11 @@ TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
   });
 }
 
-// Every wire format, with an expert group: the materialized weights equal the reference decode of the
-// chunks a single process packs from the full weight with the group-wide amax.
-void check_wire_format(int g, kernels::WireSpec spec) {
-  const std::int64_t rows = 40, cols = 64;
-  const int experts = 3;
-  auto full_weight = [&](int expert, int step) {
-    std::mt19937 rng(100 * expert + step);
-    std::normal_distribution<float> normal(0.0f, 1.0f + expert + step);
-    std::vector<float> w(rows * cols);
-    for (float& v : w) v = normal(rng);
-    return w;
-  };
-  on_ranks(g, [&](comm::HostComm& comm) {
-    HostBackend backend({&comm});
-    RuntimeConfig config;
-    config.depth = 2;
-    Runtime runtime(backend, config);
-    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, g);
-    const std::int64_t valid = geometry.valid_rows(comm.rank());
-    std::vector<std::vector<float>> shards(experts, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols));
-    std::vector<WeightId> ids;
-    for (int e = 0; e < experts; ++e) {
-      WeightDesc desc;
-      desc.name = "expert" + std::to_string(e);
-      desc.shard = shards[e].data();
-      desc.dtype = kernels::SourceDtype::kFP32;
-      desc.rows = rows;
-      desc.cols = cols;
-      desc.wire = spec;
-      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
-      ids.push_back(runtime.register_weight(desc));
-    }
-    const kernels::ChunkLayout layout = runtime.registry().get(ids[0]).layout;
-    for (int step = 0; step < 3; ++step) {
-      std::vector<std::vector<std::uint16_t>> expected;
-      for (int e = 0; e < experts; ++e) {
-        const auto full = full_weight(e, step);
-        std::copy(full.begin() + comm.rank() * geometry.shard_rows * cols,
-                  full.begin() + (comm.rank() * geometry.shard_rows + valid) * cols, shards[e].begin());
-        const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
-        std::vector<unsigned char> chunks(g * layout.chunk_bytes);
-        for (int r = 0; r < g; ++r) {
-          kernels::PackArgs args;
-          args.shard = full.data() + r * geometry.shard_rows * cols;
-          args.src_dtype = kernels::SourceDtype::kFP32;
-          args.shard_rows = geometry.shard_rows;
-          args.valid_rows = geometry.valid_rows(r);
-          args.cols = cols;
-          args.amax = &amax;
-          args.chunk = chunks.data() + r * layout.chunk_bytes;
-          args.chunk_capacity = layout.chunk_bytes;
-          kernels::pack_reference(spec, args);
-        }
-        expected.emplace_back(rows * cols);
-        kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
-                                  expected.back().data(), rows * cols * 2);
-      }
-      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
-      for (int pass = 0; pass < 2; ++pass) {
-        const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
-        ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
-        for (int e = 0; e < experts; ++e) {
-          ASSERT_EQ(std::memcmp(out[e], expected[e].data(), rows * cols * 2), 0)
-              << kernels::to_string(spec.format) << " expert " << e << " step " << step << " pass " << pass;
-        }
-        runtime.release(ids.data(), 1, nullptr);
-      }
-      runtime.drain(nullptr);
-    }
-    EXPECT_GT(runtime.stats().prefetch_hits, 0);
-  });
-}
-
 TEST(Runtime, EveryWireFormatMatchesTheReferenceDecode) {
   for (int g : {2, 4}) {
-    check_wire_format(g, {kernels::WireFormat::kBF16});
-    check_wire_format(g, {kernels::WireFormat::kFP8});
-    check_wire_format(g, {kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kRceil});
-    check_wire_format(g, {kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kFloor});
-    check_wire_format(g, {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D});
-    check_wire_format(g, {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D});
+    for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
+      on_ranks(g, [&](comm::HostComm& comm) { testing::check_wire_format(comm, spec); });
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 // One rank of runtime_multiprocess_test, started by gtp-launch: the three-layer model trained through
-// the remat runtime on the host backend over real processes (UCX bootstrap from the environment).
+// the remat runtime on the host backend over real processes, and every wire format (UCX bootstrap from the environment).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -26,6 +26,14 @@ TEST(RuntimeAcrossProcesses, TrainingMatchesTheSingleProcessReferenceDepth2Accum
   options.microbatches = 3;
   options.config.grads.accumulate_microbatches = true;
   testing::train_and_check(comm, options);
+}
+
+TEST(RuntimeAcrossProcesses, EveryWireFormatMatchesTheReferenceDecode) {
+  comm::HostComm comm(*g_bootstrap, kTimeout);
+  for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
+    SCOPED_TRACE(kernels::to_string(spec.format));
+    testing::check_wire_format(comm, spec);
+  }
 }
 
 }  // namespace

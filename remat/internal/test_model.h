@@ -1,5 +1,5 @@
-// A tiny three-layer linear model trained through the remat runtime, shared by the thread-rank tests
-// and the multi-process worker. Weights are in {-0.5, 0, 0.5} and inputs in {-1, 0, 1}, so every
+// A tiny three-layer linear model trained through the remat runtime, and a check of every wire format,
+// shared by the thread-rank tests and the multi-process worker. Weights are in {-0.5, 0, 0.5} and inputs in {-1, 0, 1}, so every
 // product and sum below is exact in FP32 in any order: main grads must equal the single-process
 // reference bit for bit, whatever order the reduce-scatter sums in.
 #pragma once
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/host.h"
+#include "kernels/reference.h"
 #include "remat/host_backend.h"
 #include "remat/runtime.h"
 
@@ -192,6 +193,92 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
   EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
   EXPECT_EQ(runtime.grads_stats().grads_ready, options.steps * layers * (options.config.grads.accumulate_microbatches ? 1 : options.microbatches));
   if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest};
+}
+
+// Every wire format, with an expert group: the materialized weights equal the reference decode of the
+// chunks a single process packs from the full weight with the group-wide amax.
+inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spec) {
+  const int g = comm.size();
+  const std::int64_t rows = 40, cols = 64;
+  const int experts = 3;
+  auto full_weight = [&](int expert, int step) {
+    std::mt19937 rng(100 * expert + step);
+    std::normal_distribution<float> normal(0.0f, 1.0f + expert + step);
+    std::vector<float> w(rows * cols);
+    for (float& v : w) v = normal(rng);
+    return w;
+  };
+  {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, g);
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    std::vector<std::vector<float>> shards(experts, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols));
+    std::vector<WeightId> ids;
+    for (int e = 0; e < experts; ++e) {
+      WeightDesc desc;
+      desc.name = "expert" + std::to_string(e);
+      desc.shard = shards[e].data();
+      desc.dtype = kernels::SourceDtype::kFP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = spec;
+      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
+      ids.push_back(runtime.register_weight(desc));
+    }
+    const kernels::ChunkLayout layout = runtime.registry().get(ids[0]).layout;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<std::uint16_t>> expected;
+      for (int e = 0; e < experts; ++e) {
+        const auto full = full_weight(e, step);
+        std::copy(full.begin() + comm.rank() * geometry.shard_rows * cols,
+                  full.begin() + (comm.rank() * geometry.shard_rows + valid) * cols, shards[e].begin());
+        const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+        std::vector<unsigned char> chunks(g * layout.chunk_bytes);
+        for (int r = 0; r < g; ++r) {
+          kernels::PackArgs args;
+          args.shard = full.data() + r * geometry.shard_rows * cols;
+          args.src_dtype = kernels::SourceDtype::kFP32;
+          args.shard_rows = geometry.shard_rows;
+          args.valid_rows = geometry.valid_rows(r);
+          args.cols = cols;
+          args.amax = &amax;
+          args.chunk = chunks.data() + r * layout.chunk_bytes;
+          args.chunk_capacity = layout.chunk_bytes;
+          kernels::pack_reference(spec, args);
+        }
+        expected.emplace_back(rows * cols);
+        kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
+                                  expected.back().data(), rows * cols * 2);
+      }
+      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
+      for (int pass = 0; pass < 2; ++pass) {
+        const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
+        for (int e = 0; e < experts; ++e) {
+          ASSERT_EQ(std::memcmp(out[e], expected[e].data(), rows * cols * 2), 0)
+              << kernels::to_string(spec.format) << " expert " << e << " step " << step << " pass " << pass;
+        }
+        runtime.release(ids.data(), 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  }
+}
+
+inline std::vector<kernels::WireSpec> all_wire_specs() {
+  using kernels::WireFormat;
+  using kernels::ScaleRounding;
+  using kernels::Nvfp4Blocks;
+  return {{WireFormat::kBF16},
+          {WireFormat::kFP8},
+          {WireFormat::kMXFP8, ScaleRounding::kRceil},
+          {WireFormat::kMXFP8, ScaleRounding::kFloor},
+          {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k1D},
+          {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D}};
 }
 
 }  // namespace gtp::remat::testing

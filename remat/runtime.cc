@@ -15,7 +15,7 @@ constexpr int kPhases = 3;
 
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
     : backend_(backend), config_(std::move(config)), registry_(backend), cache_(backend, config_.cache),
-      grads_(backend, registry_, config_.grads) {
+      grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
   if (config_.depth < 1 || config_.depth > kMaxDepth) {
     throw std::invalid_argument("prefetch depth " + std::to_string(config_.depth) + " is out of range; use 1.." +
                                 std::to_string(kMaxDepth));
@@ -51,20 +51,26 @@ std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
 }
 
 // Slot layout, per weight of the key: the G gathered chunks, then the unpacked BF16 output.
-void Runtime::fill(int index, const ChainKey& key) {
+void Runtime::fill(int index, const ChainKey& key, const char* why) {
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
   Cache::Slot& slot = cache_.slot(index);
   char* next = static_cast<char*>(slot.ptr);
+  std::string names;
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
     backend_.all_gather(w.desc.group, w.chunk, next, w.layout.chunk_bytes);
     backend_.unpack(w.desc.wire, kernels::GatheredChunks{next, gathered, w.geometry}, next + gathered, w.output_bytes);
     next += gathered + w.output_bytes;
+    if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
+    weight_stats_[id].gathered_bytes += gathered;
+    if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
   }
   slot.key = key;
   slot.versions = versions(key);
   if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
   slot.ready = backend_.record(backend_.side_stream());
+  if (trace_.enabled()) trace_.add("gather " + names, why, start);
 }
 
 std::vector<void*> Runtime::outputs(int index, const ChainKey& key) {
@@ -106,7 +112,7 @@ void Runtime::refill(int chain) {
     if (prefetched >= config_.depth) return;
     const int index = cache_.take(bytes_for(key), /*on_demand=*/false);
     if (index < 0) return;
-    fill(index, key);
+    fill(index, key, "prefetch");
     Cache::Slot& slot = cache_.slot(index);
     slot.state = Cache::State::kPrefetched;
     slot.chain = chain;
@@ -135,12 +141,18 @@ std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Pha
     ++stats_.stale_prefetches;
     index = -1;
   }
-  if (index >= 0) {
+  const bool hit = index >= 0;
+  if (hit) {
     ++stats_.prefetch_hits;
   } else {
     index = cache_.take(bytes_for(key), /*on_demand=*/true);
-    fill(index, key);
+    fill(index, key, "exposed");
     ++stats_.exposed_gathers;
+  }
+  for (WeightId id : key) {
+    WeightStats& w = weight_stats_[id];  // fill() sized it when the key was first gathered
+    ++w.materializations;
+    ++(hit ? w.prefetch_hits : w.exposed_gathers);
   }
   Cache::Slot& slot = cache_.slot(index);
   slot.state = Cache::State::kHeld;
@@ -171,7 +183,9 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream) {
 }
 
 void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
   grads_.finalize(registry_.expand(ids, n), last_microbatch, stream);
+  if (trace_.enabled()) trace_.add("finalize " + registry_.get(ids[0]).desc.name, "grads", start);
 }
 
 void Runtime::drain(Stream stream) {
@@ -185,14 +199,16 @@ void Runtime::drain(Stream stream) {
 
 void Runtime::shard_updated(const WeightId* ids, std::int64_t n) {
   const ChainKey updated = registry_.expand(ids, n);
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
   registry_.shard_updated(ids, n);
+  if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
   for (int i = 0; i < cache_.size(); ++i) {
     Cache::Slot& slot = cache_.slot(i);
     if (slot.state != Cache::State::kPrefetched) continue;
     if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
     const ChainKey key = slot.key;
-    fill(i, key);  // re-gather in place: the slot has no consumer, its address stays
+    fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
     ++stats_.stale_prefetches;
   }
 }
@@ -225,6 +241,11 @@ void Runtime::reset_chains() {
   active_chain_ = -1;
 }
 
+WeightStats Runtime::weight_stats(WeightId id) const {
+  registry_.get(id);  // throws for an unknown id
+  return id < static_cast<WeightId>(weight_stats_.size()) ? weight_stats_[id] : WeightStats{};
+}
+
 RuntimeStats Runtime::stats() const {
   RuntimeStats out = stats_;
   for (const Chain& chain : chains_) {
@@ -252,6 +273,16 @@ std::string Runtime::stats_json() const {
   j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},
                 {"pool_buffers", g.pool_buffers}};
   j["memory"] = {{"allocations", m.allocations}, {"bytes_in_use", m.bytes_in_use}, {"peak_bytes", m.peak_bytes}};
+  j["trace"] = {{"spans", config_.trace_spans}, {"dropped", trace_.dropped()}};
+  nlohmann::json weights = nlohmann::json::array();
+  for (WeightId id = 0; id < static_cast<WeightId>(weight_stats_.size()); ++id) {
+    if (!registry_.contains(id)) continue;
+    const WeightStats& w = weight_stats_[id];
+    weights.push_back({{"id", id}, {"name", registry_.get(id).desc.name}, {"materializations", w.materializations},
+                       {"prefetch_hits", w.prefetch_hits}, {"exposed_gathers", w.exposed_gathers},
+                       {"gathered_bytes", w.gathered_bytes}});
+  }
+  j["weights"] = weights;
   return j.dump();
 }
 

@@ -15,6 +15,7 @@
 #include "remat/chain.h"
 #include "remat/grads.h"
 #include "remat/registry.h"
+#include "remat/stats.h"
 
 namespace gtp::remat {
 
@@ -26,6 +27,7 @@ struct RuntimeConfig {
   int depth = 1;  // chain entries prefetched ahead of the consumer, 1..kMaxDepth
   CacheConfig cache;
   GradsConfig grads;
+  std::size_t trace_spans = 0;  // spans kept for chrome_trace(); 0: no trace
 };
 inline constexpr int kMaxDepth = 64;
 
@@ -72,13 +74,19 @@ class Runtime {
   RuntimeStats stats() const;
   const CacheStats& cache_stats() const { return cache_.stats(); }
   const GradsStats& grads_stats() const { return grads_.stats(); }
+  // Per-weight figures (WeightStats{} for a weight never materialized).
+  WeightStats weight_stats(WeightId id) const;
+  // Counters, cache, grads, memory and per-weight figures.
   std::string stats_json() const;
+  // The latest trace_spans spans as a Chrome trace (chrome://tracing, Perfetto); `pid` labels the rank.
+  std::string chrome_trace(int pid) const { return trace_.chrome_json(pid); }
 
  private:
   int chain_index(Phase phase, int chunk);
   std::int64_t bytes_for(const ChainKey& key) const;
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
-  void fill(int slot, const ChainKey& key);
+  // Gathers and unpacks `key` into the slot; `why` is the trace category.
+  void fill(int slot, const ChainKey& key, const char* why);
   std::vector<void*> outputs(int slot, const ChainKey& key);
   void refill(int chain);
 
@@ -90,6 +98,8 @@ class Runtime {
   std::vector<Chain> chains_;       // index = chunk * 3 + phase
   int active_chain_ = -1;           // the chain of the latest materialize, refilled on release
   RuntimeStats stats_;
+  std::vector<WeightStats> weight_stats_;  // indexed by id
+  Trace trace_;
 };
 
 }  // namespace gtp::remat

@@ -8,6 +8,8 @@
 #include <chrono>
 #include <functional>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 #include "remat/internal/test_model.h"
@@ -211,6 +213,46 @@ TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
     runtime.reset_chains();
     for (int i = 0; i < 3; ++i) step();
     EXPECT_EQ(runtime.stats().chain_mismatches, mismatches);
+  });
+}
+
+TEST(Runtime, StatsJsonAndChromeTraceDescribeWhatHappened) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.trace_spans = 8;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    for (int step = 0; step < 3; ++step) {
+      for (int l = 0; l < 3; ++l) {
+        runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    const WeightStats layer0 = runtime.weight_stats(ids[0]);
+    EXPECT_EQ(layer0.materializations, 3);
+    EXPECT_EQ(layer0.exposed_gathers, 1);  // the recording step
+    EXPECT_EQ(layer0.prefetch_hits, 2);
+    // Gathers of the head: one exposed while recording, then one prefetch at each of the 3 drains.
+    EXPECT_EQ(layer0.gathered_bytes, 4 * 2 * runtime.registry().get(ids[0]).layout.chunk_bytes);
+    const auto stats = nlohmann::json::parse(runtime.stats_json());
+    EXPECT_EQ(stats["materialize"]["calls"], 9);
+    EXPECT_EQ(stats["weights"].size(), 3u);
+    EXPECT_EQ(stats["weights"][0]["prefetch_hits"], 2);
+    const auto trace = nlohmann::json::parse(runtime.chrome_trace(comm.rank()));
+    ASSERT_EQ(trace["traceEvents"].size(), 8u);  // the ring keeps the latest 8 spans
+    EXPECT_GT(stats["trace"]["dropped"].get<std::int64_t>(), 0);
+    double previous = 0;
+    for (const auto& event : trace["traceEvents"]) {
+      EXPECT_EQ(event["ph"], "X");
+      EXPECT_EQ(event["pid"], comm.rank());
+      EXPECT_GE(event["ts"].get<double>(), previous);
+      previous = event["ts"].get<double>();
+    }
+    EXPECT_EQ(trace["traceEvents"].back()["cat"], "prefetch");  // the head, prefetched at the last drain
   });
 }
 

@@ -16,8 +16,8 @@ constexpr int kPhases = 3;
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
     : backend_(backend), config_(std::move(config)), registry_(backend), cache_(backend, config_.cache),
       grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
-  if (config_.depth < 1 || config_.depth > kMaxDepth) {
-    throw std::invalid_argument("prefetch depth " + std::to_string(config_.depth) + " is out of range; use 1.." +
+  if (config_.depth < 0 || config_.depth > kMaxDepth) {
+    throw std::invalid_argument("prefetch depth " + std::to_string(config_.depth) + " is out of range; use 0.." +
                                 std::to_string(kMaxDepth));
   }
   if (config_.cache.budget_bytes < 0) {

@@ -24,7 +24,7 @@ namespace gtp::remat {
 enum class Layout { kBF16 };
 
 struct RuntimeConfig {
-  int depth = 1;  // chain entries prefetched ahead of the consumer, 1..kMaxDepth
+  int depth = 1;  // chain entries prefetched ahead of the consumer, 0 (no prefetch, as profiles allow)..kMaxDepth
   CacheConfig cache;
   GradsConfig grads;
   std::size_t trace_spans = 0;  // spans kept for chrome_trace(); 0: no trace
@@ -48,7 +48,7 @@ class Runtime {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  Registry& registry() { return registry_; }
+  const Registry& registry() const { return registry_; }
   WeightId register_weight(const WeightDesc& desc) { return registry_.add(desc); }
   // Refused (std::invalid_argument) while the weight is materialized or has gradients in flight.
   void unregister_weight(WeightId id);

@@ -40,6 +40,16 @@ TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith4RanksDepth2) {
   on_ranks(4, [&](comm::HostComm& comm) { testing::train_and_check(comm, options); });
 }
 
+TEST(Runtime, DepthZeroGathersEverythingOnDemandInOneSlot) {
+  TrainOptions options;
+  options.config.depth = 0;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+    EXPECT_EQ(report.cache.slots, 1);
+  });
+}
+
 TEST(Runtime, AccumulatingWgradsAcrossMicrobatchesReducesOncePerStep) {
   TrainOptions options;
   options.config.depth = 3;
@@ -301,9 +311,9 @@ void expect_error(const std::function<void()>& call, const std::string& text) {
 TEST(Runtime, MisuseIsRefusedWithAMessage) {
   on_ranks(1, [](comm::HostComm& comm) {
     HostBackend backend({&comm});
-    RuntimeConfig no_depth;
-    no_depth.depth = 0;
-    expect_error<std::invalid_argument>([&] { Runtime(backend, no_depth); }, "depth 0");
+    RuntimeConfig bad_depth;
+    bad_depth.depth = -1;
+    expect_error<std::invalid_argument>([&] { Runtime(backend, bad_depth); }, "depth -1 is out of range; use 0..64");
     Runtime runtime(backend, RuntimeConfig{});
     std::vector<std::uint16_t> shard(32 * 32, 0x3F80);
     std::vector<float> grad(32 * 32, 0.0f);

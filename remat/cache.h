@@ -76,7 +76,6 @@ class Cache {
   void drop_all_prefetched();
 
   const CacheStats& stats() const { return stats_; }
-  const CacheConfig& config() const { return config_; }
 
  private:
   void free_slot(Slot& slot);

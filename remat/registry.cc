@@ -15,17 +15,11 @@ std::string quoted(const WeightDesc& desc) { return "weight '" + desc.name + "'"
 
 }  // namespace
 
-Registry::~Registry() { clear(); }
-
-void Registry::clear() {
+Registry::~Registry() {
   for (std::size_t id = 0; id < weights_.size(); ++id) {
     if (live_[id]) backend_.deallocate(weights_[id].chunk, weights_[id].layout.chunk_bytes);
   }
   backend_.deallocate(amax_scratch_, amax_bytes_);
-  amax_scratch_ = nullptr;
-  amax_bytes_ = 0;
-  weights_.clear();
-  live_.clear();
 }
 
 bool Registry::contains(WeightId id) const {

@@ -51,7 +51,6 @@ class Registry {
   WeightId add(const WeightDesc& desc);
   // A leader can only go after its experts.
   void remove(WeightId id);
-  void clear();
 
   // Throws std::invalid_argument for an id that is not registered.
   const Weight& get(WeightId id) const;

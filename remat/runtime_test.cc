@@ -30,6 +30,16 @@ void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
   }));
 }
 
+template <typename Error>
+void expect_error(const std::function<void()>& call, const std::string& text) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << text << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+  }
+}
+
 TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith2RanksDepth1) {
   on_ranks(2, [](comm::HostComm& comm) { testing::train_and_check(comm, TrainOptions{}); });
 }
@@ -71,6 +81,53 @@ TEST(Runtime, GradReadyCallbackFiresOncePerWeightAndReduction) {
   });
   EXPECT_EQ(ready[0], 3 * 3 * 2);
   EXPECT_EQ(ready[1], 3 * 3 * 2);
+}
+
+TEST(Runtime, FinalizingAnExpertLeaderReducesEveryExpertIntoItsMainGrad) {
+  on_ranks(4, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    std::vector<WeightId> ready;
+    RuntimeConfig config;
+    config.grads.grad_ready = [&](WeightId id) { ready.push_back(id); };
+    Runtime runtime(backend, config);
+    const std::int64_t rows = 40, cols = 32;  // G = 4: 16-row shards, rank 2 holds 8 rows, rank 3 none
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, rows, cols, 4);
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    std::vector<std::uint16_t> shard(std::max<std::int64_t>(valid, 1) * cols, 0);
+    std::vector<std::vector<float>> main_grads(3, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols, 1.0f));
+    std::vector<WeightId> ids;
+    for (int e = 0; e < 3; ++e) {
+      WeightDesc desc;
+      desc.name = "expert" + std::to_string(e);
+      desc.shard = shard.data();
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.main_grad = main_grads[e].data();
+      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
+      ids.push_back(runtime.register_weight(desc));
+    }
+    // Each rank's wgrad of expert e, element (r, c): (rank + 1) x (e + 1) x (r + 1).
+    for (int e = 0; e < 3; ++e) {
+      float* g = runtime.grad_buffer(ids[e], nullptr);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) g[r * cols + c] = static_cast<float>((comm.rank() + 1) * (e + 1) * (r + 1));
+    }
+    runtime.finalize(ids.data(), 1, true, nullptr);
+    EXPECT_TRUE(ready.empty()) << "the main-grad add is deferred to the next finalize or drain";
+    runtime.drain(nullptr);
+    EXPECT_EQ(ready, ids);
+    for (int e = 0; e < 3; ++e) {
+      for (std::int64_t r = 0; r < valid; ++r) {
+        const std::int64_t row = comm.rank() * geometry.shard_rows + r;
+        // mean over ranks of (rank + 1) is 2.5; the main grad started at 1
+        const float expected = 1.0f + 2.5f * static_cast<float>((e + 1) * (row + 1));
+        for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(main_grads[e][r * cols + c], expected) << e << " " << row;
+      }
+    }
+    const WeightId twice[2] = {ids[1], ids[1]};
+    runtime.grad_buffer(ids[1], nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.finalize(twice, 2, true, nullptr); }, "listed twice");
+  });
 }
 
 TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
@@ -296,16 +353,6 @@ TEST(Runtime, PoisonedReleasedBuffersNeverCorruptWeightsStillInUse) {
     }
     EXPECT_GT(runtime.stats().prefetch_hits, 0);
   });
-}
-
-template <typename Error>
-void expect_error(const std::function<void()>& call, const std::string& text) {
-  try {
-    call();
-    ADD_FAILURE() << "no error; expected one mentioning '" << text << "'";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
-  }
 }
 
 TEST(Runtime, MisuseIsRefusedWithAMessage) {

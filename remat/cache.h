@@ -8,8 +8,10 @@
 // them, so reuse is ordered after every release on the device timeline, never by a host sync.
 //
 // Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
-// grow (counted) when a larger call comes; in steady state nothing is allocated. The budget caps the bytes of all slots: a prefetch that
-// would exceed it waits (returns no slot, counted); an on-demand fill first evicts prefetched slots.
+// grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old
+// buffer, which on CUDA (cudaFree) waits for the device: a warm-up cost, never a steady-state one.
+// The budget caps the bytes of all slots: a prefetch that would exceed it waits (returns no slot,
+// counted); an on-demand fill first evicts prefetched slots.
 #pragma once
 
 #include <cstdint>

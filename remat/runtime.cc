@@ -28,8 +28,12 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
 
 int Runtime::chain_index(Phase phase, int chunk) {
   const int p = static_cast<int>(phase);
-  if (p < 0 || p >= kPhases) throw std::invalid_argument("phase " + std::to_string(p) + " is not forward, backward or recompute");
-  if (chunk < 0) throw std::invalid_argument("model chunk " + std::to_string(chunk) + " is negative; chunks count from 0");
+  if (p < 0 || p >= kPhases) {
+    throw std::invalid_argument("phase " + std::to_string(p) + " is not forward, backward or recompute");
+  }
+  if (chunk < 0) {
+    throw std::invalid_argument("model chunk " + std::to_string(chunk) + " is negative; chunks count from 0");
+  }
   const int index = chunk * kPhases + p;
   if (index >= static_cast<int>(chains_.size())) chains_.resize(index + 1);
   return index;
@@ -124,7 +128,9 @@ void Runtime::refill(int chain) {
 
 std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
                                         Stream stream) {
-  if (layout != Layout::kBF16) throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16");
+  if (layout != Layout::kBF16) {
+    throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16");
+  }
   const ChainKey key = registry_.expand(ids, n);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);

@@ -1,0 +1,30 @@
+#include "remat/backend.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace gtp::remat {
+
+void* Backend::allocate(std::int64_t bytes) {
+  if (bytes <= 0) throw std::invalid_argument("allocate: bytes = " + std::to_string(bytes) + " must be positive");
+  void* ptr = do_allocate(bytes);
+  ++memory_.allocations;
+  memory_.bytes_in_use += bytes;
+  memory_.peak_bytes = std::max(memory_.peak_bytes, memory_.bytes_in_use);
+  return ptr;
+}
+
+void Backend::deallocate(void* ptr, std::int64_t bytes) {
+  if (ptr == nullptr) return;
+  do_deallocate(ptr);
+  memory_.bytes_in_use -= bytes;
+}
+
+void Backend::order(Stream waiter, Stream producer) {
+  const Event event = record(producer);
+  wait(waiter, event);
+  forget(event);
+}
+
+}  // namespace gtp::remat

@@ -1,0 +1,89 @@
+// Backend: what the remat runtime needs from a device and a transport. The runtime (registry, cache,
+// chains, grads) is written once against this interface; HostBackend (host_backend.h) runs it on CPU
+// memory, the CPU reference kernels and HostComm, a CUDA + NCCL backend on device memory, the CUDA
+// kernels and NcclComm. See docs/remat.md.
+//
+// Ordering model (the shape the CUDA backend needs; no host synchronization anywhere):
+// - The backend owns one side stream. Every pack, collective, unpack, fill, add and callback below
+//   is enqueued on it, in call order.
+// - Consumer streams are opaque `Stream` values (cudaStream_t on CUDA). `record(stream)` returns an
+//   event marking all work enqueued on that stream so far (side_stream() names the side stream);
+//   `wait(stream, event)` orders later work on `stream` after it; `forget(event)` says the runtime
+//   will not wait on it again, so the backend may recycle it (a pooled cudaEvent_t).
+// - On the host backend every call completes before it returns, so streams are ignored and every
+//   event is complete when recorded; the runtime still records and waits on them, so both backends
+//   follow the same protocol.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "kernels/arguments.h"
+
+namespace gtp::remat {
+
+using Stream = void*;
+using Event = std::uint64_t;
+
+// Memory accounting shared by every backend: all runtime memory goes through allocate / deallocate.
+struct MemoryStats {
+  std::int64_t allocations = 0;    // allocate() calls since construction
+  std::int64_t bytes_in_use = 0;
+  std::int64_t peak_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+
+  // Counted allocation of `bytes` (> 0), aligned to kernels::kSectionAlignment. Throws
+  // std::runtime_error when the memory cannot be had.
+  void* allocate(std::int64_t bytes);
+  // Returns memory from allocate(); `bytes` must be what was asked for.
+  void deallocate(void* ptr, std::int64_t bytes);
+  const MemoryStats& memory() const { return memory_; }
+
+  // Groups are small integers chosen by whoever builds the backend (one communicator each).
+  // Both throw std::invalid_argument for a group the backend does not know.
+  virtual int group_size(int group) const = 0;
+  virtual int group_rank(int group) const = 0;
+
+  // Side-stream work. Pointers are backend memory (device memory on CUDA), except where noted.
+  virtual void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+                    float* out) = 0;
+  virtual void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) = 0;
+  virtual void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+                      std::int64_t out_capacity) = 0;
+  // recv[r * bytes_per_rank ...] = group rank r's send.
+  virtual void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) = 0;
+  // In place, one collective for all `count` values.
+  virtual void all_reduce_max(int group, float* data, std::int64_t count) = 0;
+  // recv = (1/G) x sum over the group of the recv_count values at offset group_rank x recv_count of
+  // each rank's send (G x recv_count FP32 values), accumulated in FP32.
+  virtual void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) = 0;
+  // dst[i] += src[i] in FP32.
+  virtual void add(const float* src, float* dst, std::int64_t count) = 0;
+  virtual void fill(void* dst, unsigned char byte, std::int64_t bytes) = 0;
+  // Runs `callback` on the host once all side-stream work enqueued so far has completed.
+  virtual void host_callback(std::function<void()> callback) = 0;
+
+  // Ordering.
+  virtual Stream side_stream() = 0;
+  virtual Event record(Stream stream) = 0;
+  virtual void wait(Stream stream, Event event) = 0;
+  virtual void forget(Event event) = 0;
+  // Orders later work on `waiter` after everything enqueued on `producer` so far.
+  void order(Stream waiter, Stream producer);
+
+ protected:
+  virtual void* do_allocate(std::int64_t bytes) = 0;
+  virtual void do_deallocate(void* ptr) = 0;
+
+ private:
+  MemoryStats memory_;
+};
+
+}  // namespace gtp::remat

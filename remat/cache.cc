@@ -1,0 +1,124 @@
+#include "remat/cache.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace gtp::remat {
+
+Cache::~Cache() {
+  for (Slot& slot : slots_) {
+    for (Event event : slot.releases) backend_.forget(event);
+    if (slot.ready != 0) backend_.forget(slot.ready);
+    backend_.deallocate(slot.ptr, slot.capacity);
+  }
+}
+
+int Cache::take(std::int64_t bytes, bool on_demand) {
+  const auto fits_budget = [&](std::int64_t extra) {
+    return config_.budget_bytes == 0 || stats_.slot_bytes + extra <= config_.budget_bytes;
+  };
+  // Every slot is sized for the largest call seen so far, so any free slot serves any call and the
+  // slot count settles at the largest number in use at once.
+  largest_ = std::max(largest_, bytes);
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < size() && best < 0; ++i) {
+      if (slots_[i].state == State::kFree && slots_[i].capacity >= bytes) best = i;
+    }
+    for (int i = 0; i < size() && best < 0; ++i) {  // grow a free slot
+      Slot& s = slots_[i];
+      if (s.state != State::kFree || !fits_budget(largest_ - s.capacity)) continue;
+      backend_.deallocate(s.ptr, s.capacity);
+      stats_.slot_bytes -= s.capacity;
+      s.ptr = backend_.allocate(largest_);
+      s.capacity = largest_;
+      stats_.slot_bytes += largest_;
+      best = i;
+    }
+    if (best < 0 && fits_budget(largest_)) {
+      Slot s;
+      s.ptr = backend_.allocate(largest_);
+      s.capacity = largest_;
+      stats_.slot_bytes += largest_;
+      ++stats_.slots;
+      slots_.push_back(std::move(s));
+      best = size() - 1;
+    }
+    if (best >= 0) {
+      Slot& s = slots_[best];
+      for (Event event : s.releases) {
+        backend_.wait(backend_.side_stream(), event);
+        backend_.forget(event);
+      }
+      s.releases.clear();
+      ++s.generation;
+      s.filled = ++fills_;
+      return best;
+    }
+    if (!on_demand) {
+      ++stats_.budget_waits;
+      return -1;
+    }
+    int victim = -1;
+    for (int i = 0; i < size(); ++i) {
+      if (slots_[i].state == State::kPrefetched) victim = i;
+    }
+    if (victim < 0) {
+      throw std::runtime_error("memory budget of " + std::to_string(config_.budget_bytes) + " bytes cannot hold " +
+                               std::to_string(bytes) + " more bytes while " + std::to_string(stats_.slot_bytes) +
+                               " bytes are held by consumers; raise the budget or release weights sooner");
+    }
+    free_slot(slots_[victim]);
+    ++stats_.evictions;
+  }
+}
+
+int Cache::find_prefetched(int chain, std::int64_t position) const {
+  for (int i = 0; i < size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == State::kPrefetched && s.chain == chain && s.position == position) return i;
+  }
+  return -1;
+}
+
+int Cache::find_held(const ChainKey& key) const {
+  int found = -1;
+  for (int i = 0; i < size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == State::kHeld && s.key == key && (found < 0 || s.filled < slots_[found].filled)) found = i;
+  }
+  return found;
+}
+
+void Cache::free_slot(Slot& slot) {
+  slot.state = State::kFree;
+  slot.key.clear();
+  slot.versions.clear();
+  slot.chain = -1;
+  slot.position = -1;
+  slot.consumers = 0;
+  if (config_.poison_released) {
+    for (Event event : slot.releases) backend_.wait(backend_.side_stream(), event);
+    backend_.fill(slot.ptr, 0xFF, slot.capacity);
+  }
+}
+
+void Cache::drop(int index) {
+  free_slot(slots_[index]);
+  ++stats_.dropped_prefetches;
+}
+
+void Cache::drop_all_prefetched() {
+  for (Slot& slot : slots_) {
+    if (slot.state == State::kPrefetched) free_slot(slot);
+  }
+}
+
+void Cache::release(int index, Event event) {
+  Slot& slot = slots_[index];
+  slot.releases.push_back(event);
+  if (--slot.consumers == 0) free_slot(slot);
+}
+
+}  // namespace gtp::remat

@@ -1,0 +1,93 @@
+// Cache: the buffers materialized weights live in, keyed by lifetime rather than by shape.
+//
+// A slot is one backend allocation holding one materialize call's weights (gathered chunks, then the
+// unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
+// refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
+// consumer, tagged with its chain and position) or Held (by consumers until each releases it). A freed
+// slot keeps every consumer's release event; whoever refills it first makes the side stream wait on
+// them, so reuse is ordered after every release on the device timeline, never by a host sync.
+//
+// Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
+// grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old
+// buffer, which on CUDA (cudaFree) waits for the device: a warm-up cost, never a steady-state one.
+// The budget caps the bytes of all slots: a prefetch that would exceed it waits (returns no slot,
+// counted); an on-demand fill first evicts prefetched slots.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "remat/backend.h"
+#include "remat/chain.h"
+
+namespace gtp::remat {
+
+struct CacheConfig {
+  std::int64_t budget_bytes = 0;  // 0: no limit
+  bool poison_released = false;   // fill freed slots with 0xFF bytes (NaN in BF16/FP32), for tests
+};
+
+struct CacheStats {
+  std::int64_t slots = 0;
+  std::int64_t slot_bytes = 0;          // sum of slot capacities
+  std::int64_t budget_waits = 0;        // prefetches deferred by the budget
+  std::int64_t evictions = 0;           // prefetched slots dropped to make room for an on-demand fill
+  std::int64_t dropped_prefetches = 0;  // prefetched slots dropped unused (mismatch, stale weights)
+};
+
+class Cache {
+ public:
+  enum class State { kFree, kPrefetched, kHeld };
+  struct Slot {
+    void* ptr = nullptr;
+    std::int64_t capacity = 0;
+    std::uint64_t generation = 0;          // fills of this slot
+    std::uint64_t filled = 0;              // cache-wide fill sequence number of the latest fill
+    State state = State::kFree;
+    ChainKey key;                          // the weights it holds (Prefetched, Held)
+    std::vector<std::uint64_t> versions;   // their pack versions when gathered
+    int chain = -1;                        // Prefetched: the chain and position it was fetched for
+    std::int64_t position = -1;
+    int consumers = 0;                     // Held
+    Event ready = 0;                       // side-stream event after the fill (0: none pending)
+    std::vector<Event> releases;           // consumers' release events since the last fill
+  };
+
+  Cache(Backend& backend, CacheConfig config) : backend_(backend), config_(config) {}
+  ~Cache();
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  // A free slot of at least `bytes`, its generation advanced and the side stream ordered after its
+  // previous consumers' releases. On demand, prefetched slots are evicted if the budget requires;
+  // when even that is not enough, throws std::runtime_error naming the budget. For a prefetch returns
+  // -1 (and counts a budget wait) instead.
+  int take(std::int64_t bytes, bool on_demand);
+
+  Slot& slot(int index) { return slots_[index]; }
+  int size() const { return static_cast<int>(slots_.size()); }
+  // The prefetched slot for (chain, position), or -1.
+  int find_prefetched(int chain, std::int64_t position) const;
+  // Drops a prefetched slot unused (counted).
+  void drop(int index);
+  // A held slot's consumer is done: records its event, frees the slot after the last one.
+  void release(int index, Event event);
+  // The oldest held slot with `key`, or -1.
+  int find_held(const ChainKey& key) const;
+  // Frees every prefetched slot (reset); held slots stay with their consumers.
+  void drop_all_prefetched();
+
+  const CacheStats& stats() const { return stats_; }
+
+ private:
+  void free_slot(Slot& slot);
+
+  Backend& backend_;
+  CacheConfig config_;
+  std::vector<Slot> slots_;
+  std::uint64_t fills_ = 0;
+  std::int64_t largest_ = 0;  // the largest take() so far: the size of new and grown slots
+  CacheStats stats_;
+};
+
+}  // namespace gtp::remat

@@ -1,0 +1,143 @@
+#include "remat/cuda_backend.h"
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda_kernels.h"
+
+namespace gtp::remat {
+namespace {
+
+void check(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(error));
+}
+
+void run_callback(void* data) {
+  std::unique_ptr<std::function<void()>> callback(static_cast<std::function<void()>*>(data));
+  (*callback)();
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout)
+    : device_(device), groups_(std::move(groups)), timeout_(timeout), events_(device) {
+  if (groups_.empty()) throw std::invalid_argument("CudaBackend: no groups; pass one NcclComm per group");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g] == nullptr || !groups_[g]->valid()) {
+      throw std::invalid_argument("CudaBackend: communicator of group " + std::to_string(g) + " is null or empty");
+    }
+  }
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  const comm::StreamPriorityRange range = comm::stream_priority_range(device_);
+  check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, range.greatest), "cudaStreamCreateWithPriority");
+}
+
+CudaBackend::~CudaBackend() {
+  for (auto& [id, event] : live_) events_.release(event);
+  if (side_ != nullptr) {
+    cudaStreamSynchronize(side_);
+    cudaStreamDestroy(side_);
+  }
+}
+
+comm::NcclComm& CudaBackend::comm(int group) const {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    throw std::invalid_argument("group " + std::to_string(group) + " is not known to the CUDA backend (it has " +
+                                std::to_string(groups_.size()) + " groups, 0.." +
+                                std::to_string(groups_.size() - 1) + ")");
+  }
+  return *groups_[group];
+}
+
+void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
+  if (result == ncclInProgress) {
+    comm.wait_enqueued(timeout_);
+  } else if (result != ncclSuccess) {
+    throw std::runtime_error(std::string(what) + " failed: " + ncclGetErrorString(static_cast<ncclResult_t>(result)));
+  }
+}
+
+void CudaBackend::amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols, float* out) {
+  kernels::amax_cuda(shard, dtype, rows, cols, out, side_);
+}
+
+void CudaBackend::pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) {
+  kernels::pack_cuda(spec, args, side_);
+}
+
+void CudaBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+                         std::int64_t out_capacity) {
+  kernels::unpack_cuda(spec, in, out_bf16, out_capacity, side_);
+}
+
+void CudaBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
+  comm::NcclComm& c = comm(group);
+  enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), side_),
+           "ncclAllGather");
+}
+
+void CudaBackend::all_reduce_max(int group, float* data, std::int64_t count) {
+  comm::NcclComm& c = comm(group);
+  enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), side_),
+           "ncclAllReduce(max)");
+}
+
+void CudaBackend::reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) {
+  comm::NcclComm& c = comm(group);
+  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, ncclAvg, c.get(), side_),
+           "ncclReduceScatter(avg)");
+}
+
+void CudaBackend::add(const float* src, float* dst, std::int64_t count) { add_fp32_cuda(src, dst, count, side_); }
+
+void CudaBackend::fill(void* dst, unsigned char byte, std::int64_t bytes) {
+  check(cudaMemsetAsync(dst, byte, static_cast<std::size_t>(bytes), side_), "cudaMemsetAsync");
+}
+
+void CudaBackend::host_callback(std::function<void()> callback) {
+  auto* data = new std::function<void()>(std::move(callback));
+  const cudaError_t error = cudaLaunchHostFunc(side_, run_callback, data);
+  if (error != cudaSuccess) {
+    delete data;
+    check(error, "cudaLaunchHostFunc");
+  }
+}
+
+cudaEvent_t CudaBackend::event(Event id) const {
+  const auto found = live_.find(id);
+  if (found == live_.end()) throw std::invalid_argument("event " + std::to_string(id) + " is not live");
+  return found->second;
+}
+
+Event CudaBackend::record(Stream stream) {
+  cudaEvent_t e = events_.acquire();
+  const cudaError_t error = cudaEventRecord(e, static_cast<cudaStream_t>(stream));
+  if (error != cudaSuccess) {
+    events_.release(e);
+    check(error, "cudaEventRecord");
+  }
+  live_[++next_] = e;
+  return next_;
+}
+
+void CudaBackend::wait(Stream stream, Event id) {
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event(id), 0), "cudaStreamWaitEvent");
+}
+
+void CudaBackend::forget(Event id) {
+  const auto found = live_.find(id);
+  if (found == live_.end()) return;
+  events_.release(found->second);
+  live_.erase(found);
+}
+
+void* CudaBackend::do_allocate(std::int64_t bytes) {
+  void* ptr = nullptr;
+  check(cudaMalloc(&ptr, static_cast<std::size_t>(bytes)), "cudaMalloc");
+  return ptr;
+}
+
+void CudaBackend::do_deallocate(void* ptr) { cudaFree(ptr); }
+
+}  // namespace gtp::remat

@@ -1,0 +1,73 @@
+// CudaBackend: the remat runtime on device memory, the CUDA pack/unpack kernels and NCCL. All work
+// goes to one side stream (created with the device's greatest priority) and is ordered against
+// consumer streams with pooled events: the host never synchronizes with the device, except inside
+// cudaMalloc/cudaFree, which only warm-up and teardown reach.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/nccl.h"
+#include "comm/streams.h"
+#include "remat/backend.h"
+
+namespace gtp::remat {
+
+class CudaBackend : public Backend {
+ public:
+  // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
+  // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
+  // Throws std::invalid_argument for an empty list or an invalid communicator, std::runtime_error
+  // when CUDA fails.
+  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  int group_size(int group) const override { return comm(group).size(); }
+  int group_rank(int group) const override { return comm(group).rank(); }
+
+  void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+            float* out) override;
+  void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
+  void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+              std::int64_t out_capacity) override;
+  void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
+  void all_reduce_max(int group, float* data, std::int64_t count) override;
+  void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) override;
+  void add(const float* src, float* dst, std::int64_t count) override;
+  void fill(void* dst, unsigned char byte, std::int64_t bytes) override;
+  // The callback runs on a CUDA host-function thread and must not call CUDA.
+  void host_callback(std::function<void()> callback) override;
+
+  Stream side_stream() override { return side_; }
+  Event record(Stream stream) override;
+  void wait(Stream stream, Event event) override;
+  void forget(Event event) override;
+
+ protected:
+  void* do_allocate(std::int64_t bytes) override;
+  void do_deallocate(void* ptr) override;
+
+ private:
+  comm::NcclComm& comm(int group) const;
+  void enqueued(comm::NcclComm& comm, int result, const char* what);
+  cudaEvent_t event(Event id) const;
+
+  int device_;
+  std::vector<comm::NcclComm*> groups_;
+  std::chrono::milliseconds timeout_;
+  cudaStream_t side_ = nullptr;
+  comm::EventPool events_;
+  std::unordered_map<Event, cudaEvent_t> live_;
+  Event next_ = 0;
+};
+
+// dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).
+void add_fp32_cuda(const float* src, float* dst, std::int64_t count, cudaStream_t stream);
+
+}  // namespace gtp::remat

@@ -1,0 +1,108 @@
+#include "remat/grads.h"
+
+#include <set>
+#include <stdexcept>
+#include <string>
+
+namespace gtp::remat {
+
+Grads::~Grads() {
+  for (auto& [bytes, buffer] : pool_) {
+    backend_.forget(buffer.ready);
+    backend_.deallocate(buffer.ptr, bytes);
+  }
+  for (auto& [id, buffer] : handed_out_) backend_.deallocate(buffer.ptr, buffer.bytes);
+  for (Pending& pending : pending_) backend_.deallocate(pending.staging.ptr, pending.staging.bytes);
+}
+
+Grads::Pooled Grads::take(std::int64_t bytes) {
+  const auto found = pool_.lower_bound(bytes);
+  if (found != pool_.end() && found->first == bytes) {
+    Pooled buffer = found->second;
+    pool_.erase(found);
+    backend_.wait(backend_.side_stream(), buffer.ready);
+    backend_.forget(buffer.ready);
+    return buffer;
+  }
+  ++stats_.pool_buffers;
+  return Pooled{static_cast<float*>(backend_.allocate(bytes)), bytes, 0};
+}
+
+void Grads::give_back(Pooled buffer) {
+  buffer.ready = backend_.record(backend_.side_stream());
+  pool_.emplace(buffer.bytes, buffer);
+}
+
+bool Grads::busy(WeightId id) const {
+  if (handed_out_.count(id) != 0) return true;
+  for (const Pending& pending : pending_) {
+    if (pending.id == id) return true;
+  }
+  return false;
+}
+
+float* Grads::buffer(WeightId id, Stream stream) {
+  const Weight& weight = registry_.get(id);
+  if (weight.desc.main_grad == nullptr && weight.valid_rows > 0) {
+    throw std::invalid_argument("grad_buffer: weight '" + weight.desc.name +
+                                "' was registered without a main grad; register it with main_grad set");
+  }
+  const auto held = handed_out_.find(id);
+  if (held != handed_out_.end()) return held->second.ptr;
+  const std::int64_t bytes = weight.geometry.padded_rows * weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
+  Pooled buffer = take(bytes);
+  backend_.fill(buffer.ptr, 0, bytes);
+  backend_.order(stream, backend_.side_stream());
+  handed_out_[id] = buffer;
+  return buffer.ptr;
+}
+
+void Grads::apply_pending() {
+  for (Pending& pending : pending_) {
+    const Weight& weight = registry_.get(pending.id);
+    if (weight.valid_rows > 0) {
+      backend_.add(pending.staging.ptr, weight.desc.main_grad, weight.valid_rows * weight.desc.cols);
+    }
+    if (config_.grad_ready) {  // by value: the callback may run after this object is gone
+      backend_.host_callback([callback = config_.grad_ready, id = pending.id] { callback(id); });
+    }
+    ++stats_.grads_ready;
+    give_back(pending.staging);
+  }
+  pending_.clear();
+}
+
+void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Stream stream) {
+  std::set<WeightId> seen;
+  for (WeightId id : ids) {
+    const Weight& weight = registry_.get(id);
+    if (!seen.insert(id).second) {
+      throw std::invalid_argument("finalize: weight '" + weight.desc.name + "' is listed twice; list each weight once");
+    }
+    if (handed_out_.count(id) == 0) {
+      throw std::invalid_argument("finalize: weight '" + weight.desc.name +
+                                  "' has no grad buffer; call grad_buffer and add its wgrad before finalize");
+    }
+  }
+  if (config_.accumulate_microbatches && !last_microbatch) return;
+  apply_pending();
+  backend_.order(backend_.side_stream(), stream);
+  for (WeightId id : ids) {
+    const Weight& weight = registry_.get(id);
+    const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
+    Pending pending{id, take(count * static_cast<std::int64_t>(sizeof(float)))};
+    Pooled full = handed_out_[id];
+    handed_out_.erase(id);
+    backend_.reduce_scatter_mean(weight.desc.group, full.ptr, pending.staging.ptr, count);
+    ++stats_.reduce_scatters;
+    give_back(full);
+    pending_.push_back(pending);
+  }
+}
+
+void Grads::drain(Stream stream) {
+  apply_pending();
+  backend_.order(stream, backend_.side_stream());
+}
+
+}  // namespace gtp::remat

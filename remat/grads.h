@@ -1,0 +1,78 @@
+// Grads: full-shape FP32 gradient buffers for the weights, and their reduction to each rank's shard.
+//
+// grad_buffer(w) hands out a zero-filled FP32 buffer of padded_rows x cols (the weight's rows x cols
+// first, then the padding rows, which the consumer leaves at zero); the consumer ADDS its wgrad into
+// it. finalize(w) enqueues, on the side stream after the consumer's work, a reduce-scatter over the
+// weight's group with the 1/G mean pre-scale, accumulated in FP32, into a staging shard. The add into
+// the weight's FP32 main grad is deferred to the next finalize or drain, and is followed by the
+// grad-ready callback. drain(stream) applies what is pending and orders `stream` after all of it.
+//
+// With accumulate_microbatches, finalize(w, last_microbatch = false) keeps the buffer so the next
+// microbatch adds into it; only the last microbatch reduces (one reduce-scatter per step, at the cost
+// of holding every buffer for the whole backward). Buffers come from a pool; nothing is allocated in
+// steady state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "remat/registry.h"
+
+namespace gtp::remat {
+
+struct GradsConfig {
+  bool accumulate_microbatches = false;
+  std::function<void(WeightId)> grad_ready;  // optional; runs on the host after the main-grad add
+};
+
+struct GradsStats {
+  std::int64_t reduce_scatters = 0;
+  std::int64_t grads_ready = 0;
+  std::int64_t pool_buffers = 0;
+};
+
+class Grads {
+ public:
+  Grads(Backend& backend, const Registry& registry, GradsConfig config)
+      : backend_(backend), registry_(registry), config_(std::move(config)) {}
+  ~Grads();
+  Grads(const Grads&) = delete;
+  Grads& operator=(const Grads&) = delete;
+
+  // The weight's buffer (the one already handed out, if not yet reduced). Throws std::invalid_argument
+  // for a weight without a main grad.
+  float* buffer(WeightId id, Stream stream);
+  // Throws std::invalid_argument (nothing enqueued) if a weight has no buffer handed out.
+  void finalize(const std::vector<WeightId>& ids, bool last_microbatch, Stream stream);
+  void drain(Stream stream);
+  // True while `id` has a buffer handed out or a reduction pending (unregister must wait for drain).
+  bool busy(WeightId id) const;
+
+  const GradsStats& stats() const { return stats_; }
+
+ private:
+  struct Pooled {
+    float* ptr = nullptr;
+    std::int64_t bytes = 0;
+    Event ready = 0;  // side-stream event after its last use
+  };
+  struct Pending {
+    WeightId id = kNoWeight;
+    Pooled staging;
+  };
+  Pooled take(std::int64_t bytes);
+  void give_back(Pooled buffer);
+  void apply_pending();
+
+  Backend& backend_;
+  const Registry& registry_;
+  GradsConfig config_;
+  std::multimap<std::int64_t, Pooled> pool_;  // free buffers by size
+  std::map<WeightId, Pooled> handed_out_;
+  std::vector<Pending> pending_;
+  GradsStats stats_;
+};
+
+}  // namespace gtp::remat

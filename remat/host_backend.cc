@@ -1,0 +1,74 @@
+#include "remat/host_backend.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/reference.h"
+
+namespace gtp::remat {
+
+HostBackend::HostBackend(std::vector<comm::HostComm*> groups) : groups_(std::move(groups)) {
+  if (groups_.empty()) throw std::invalid_argument("HostBackend: no groups; pass one HostComm per group");
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g] == nullptr) {
+      throw std::invalid_argument("HostBackend: communicator of group " + std::to_string(g) + " is null");
+    }
+  }
+}
+
+comm::HostComm& HostBackend::comm(int group) const {
+  if (group < 0 || group >= static_cast<int>(groups_.size())) {
+    throw std::invalid_argument("group " + std::to_string(group) + " is not known to the host backend (it has " +
+                                std::to_string(groups_.size()) + " groups, 0.." +
+                                std::to_string(groups_.size() - 1) + ")");
+  }
+  return *groups_[group];
+}
+
+void HostBackend::amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+                       float* out) {
+  *out = kernels::amax_reference(shard, dtype, rows, cols);
+}
+
+void HostBackend::pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) {
+  kernels::pack_reference(spec, args);
+}
+
+void HostBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+                         std::int64_t out_capacity) {
+  kernels::unpack_reference(spec, in, out_bf16, out_capacity);
+}
+
+void HostBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
+  comm(group).all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank));
+}
+
+void HostBackend::all_reduce_max(int group, float* data, std::int64_t count) {
+  comm(group).all_reduce_max(data, static_cast<std::size_t>(count));
+}
+
+void HostBackend::reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) {
+  comm(group).reduce_scatter(send, recv, static_cast<std::size_t>(recv_count), comm::HostDataType::kFloat32,
+                             comm::HostReduceOp::kMean);
+}
+
+void HostBackend::add(const float* src, float* dst, std::int64_t count) {
+  for (std::int64_t i = 0; i < count; ++i) dst[i] += src[i];
+}
+
+void HostBackend::fill(void* dst, unsigned char byte, std::int64_t bytes) {
+  std::memset(dst, byte, static_cast<std::size_t>(bytes));
+}
+
+void* HostBackend::do_allocate(std::int64_t bytes) {
+  const std::size_t rounded = static_cast<std::size_t>(kernels::round_up(bytes, kernels::kSectionAlignment));
+  void* ptr = std::aligned_alloc(static_cast<std::size_t>(kernels::kSectionAlignment), rounded);
+  if (ptr == nullptr) throw std::runtime_error("host backend: out of memory allocating " + std::to_string(bytes) + " bytes");
+  return ptr;
+}
+
+void HostBackend::do_deallocate(void* ptr) { std::free(ptr); }
+
+}  // namespace gtp::remat

@@ -1,0 +1,51 @@
+// HostBackend: the remat runtime on CPU memory, the CPU reference kernels and HostComm (UCX), so
+// real multi-rank training steps run without a GPU. Every call completes before it returns.
+#pragma once
+
+#include <vector>
+
+#include "comm/host.h"
+#include "remat/backend.h"
+
+namespace gtp::remat {
+
+class HostBackend : public Backend {
+ public:
+  // groups[g] is the communicator of group g; not owned, it must outlive the backend. Throws
+  // std::invalid_argument for an empty list or a null communicator.
+  explicit HostBackend(std::vector<comm::HostComm*> groups);
+  ~HostBackend() override = default;
+
+  std::string name() const override { return "host"; }
+  int group_size(int group) const override { return comm(group).size(); }
+  int group_rank(int group) const override { return comm(group).rank(); }
+
+  void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+            float* out) override;
+  void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
+  void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+              std::int64_t out_capacity) override;
+  void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
+  void all_reduce_max(int group, float* data, std::int64_t count) override;
+  void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) override;
+  void add(const float* src, float* dst, std::int64_t count) override;
+  void fill(void* dst, unsigned char byte, std::int64_t bytes) override;
+  void host_callback(std::function<void()> callback) override { callback(); }
+
+  Stream side_stream() override { return nullptr; }
+  Event record(Stream) override { return ++events_; }
+  void wait(Stream, Event) override {}
+  void forget(Event) override {}
+
+ protected:
+  void* do_allocate(std::int64_t bytes) override;
+  void do_deallocate(void* ptr) override;
+
+ private:
+  comm::HostComm& comm(int group) const;
+
+  std::vector<comm::HostComm*> groups_;
+  Event events_ = 0;
+};
+
+}  // namespace gtp::remat

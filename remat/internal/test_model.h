@@ -1,0 +1,289 @@
+// A tiny three-layer linear model trained through the remat runtime, and a check of every wire format,
+// shared by the thread-rank tests and the multi-process worker. Weights are in {-0.5, 0, 0.5} and inputs in {-1, 0, 1}, so every
+// product and sum below is exact in FP32 in any order: main grads must equal the single-process
+// reference bit for bit, whatever order the reduce-scatter sums in.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "comm/host.h"
+#include "kernels/reference.h"
+#include "remat/host_backend.h"
+#include "remat/runtime.h"
+
+namespace gtp::remat::testing {
+
+inline float bf16_to_float(std::uint16_t bits) {
+  const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+struct LayerShape {
+  std::int64_t rows, cols;  // out_features, in_features
+};
+inline const std::vector<LayerShape>& layer_shapes() {
+  static const std::vector<LayerShape> shapes = {{48, 32}, {32, 48}, {24, 32}};
+  return shapes;
+}
+inline constexpr std::int64_t kBatchRows = 4;
+
+// The unsharded BF16 weight of `layer` during `step`: values in {-0.5, 0, 0.5}.
+inline std::vector<std::uint16_t> full_weight(int layer, int step) {
+  const LayerShape shape = layer_shapes()[layer];
+  std::mt19937 rng(1000 * layer + step + 17);
+  std::vector<std::uint16_t> w(shape.rows * shape.cols);
+  for (std::uint16_t& v : w) {
+    const unsigned pick = rng() % 3;
+    v = pick == 0 ? 0 : pick == 1 ? 0x3F00 : 0xBF00;
+  }
+  return w;
+}
+
+// The input of data rank `rank` for (step, microbatch): kBatchRows x cols of layer 0, in {-1, 0, 1}.
+inline std::vector<float> input(int step, int rank, int microbatch) {
+  std::mt19937 rng(7919 * step + 104729 * rank + 31 * microbatch + 5);
+  std::vector<float> x(kBatchRows * layer_shapes()[0].cols);
+  for (float& v : x) v = static_cast<float>(static_cast<int>(rng() % 3) - 1);
+  return x;
+}
+
+// y = x W^T for x [B, cols], W [rows, cols] given as BF16 bits.
+inline std::vector<float> forward(const std::vector<float>& x, const std::uint16_t* w, LayerShape s) {
+  std::vector<float> y(kBatchRows * s.rows, 0.0f);
+  for (std::int64_t b = 0; b < kBatchRows; ++b)
+    for (std::int64_t r = 0; r < s.rows; ++r)
+      for (std::int64_t c = 0; c < s.cols; ++c) y[b * s.rows + r] += x[b * s.cols + c] * bf16_to_float(w[r * s.cols + c]);
+  return y;
+}
+
+// dx = dy W and g += dy^T x.
+inline std::vector<float> backward(const std::vector<float>& dy, const std::vector<float>& x, const std::uint16_t* w,
+                                   LayerShape s, float* g) {
+  std::vector<float> dx(kBatchRows * s.cols, 0.0f);
+  for (std::int64_t b = 0; b < kBatchRows; ++b)
+    for (std::int64_t r = 0; r < s.rows; ++r) {
+      const float d = dy[b * s.rows + r];
+      for (std::int64_t c = 0; c < s.cols; ++c) {
+        dx[b * s.cols + c] += d * bf16_to_float(w[r * s.cols + c]);
+        g[r * s.cols + c] += d * x[b * s.cols + c];
+      }
+    }
+  return dx;
+}
+
+// The weight gradient of every layer, summed over data ranks and microbatches, divided by G: what
+// each rank's main grad must hold (its rows) after one step.
+inline std::vector<std::vector<float>> reference_grads(int step, int group_size, int microbatches) {
+  const auto& shapes = layer_shapes();
+  std::vector<std::vector<std::uint16_t>> w;
+  std::vector<std::vector<float>> g;
+  for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+    w.push_back(full_weight(l, step));
+    g.emplace_back(shapes[l].rows * shapes[l].cols, 0.0f);
+  }
+  for (int rank = 0; rank < group_size; ++rank)
+    for (int mb = 0; mb < microbatches; ++mb) {
+      std::vector<std::vector<float>> xs = {input(step, rank, mb)};
+      for (std::size_t l = 0; l < shapes.size(); ++l) xs.push_back(forward(xs[l], w[l].data(), shapes[l]));
+      std::vector<float> dy(kBatchRows * shapes.back().rows, 1.0f);
+      for (int l = static_cast<int>(shapes.size()) - 1; l >= 0; --l) dy = backward(dy, xs[l], w[l].data(), shapes[l], g[l].data());
+    }
+  for (auto& layer : g)
+    for (float& v : layer) v /= static_cast<float>(group_size);
+  return g;
+}
+
+struct TrainReport {
+  RuntimeStats runtime;
+  CacheStats cache;
+  std::int64_t largest_group_bytes = 0;  // the largest single materialize call's slot bytes
+};
+
+struct TrainOptions {
+  int steps = 4;
+  int microbatches = 2;
+  RuntimeConfig config;
+};
+
+// Trains on this rank (data rank = group rank) and checks, every step: every materialized weight is
+// bit-identical to the unsharded weight; main grads equal the reference; after the first two steps
+// (recording, then the first prefetching step) nothing is allocated; the cache never holds more than
+// (depth + 1) x the largest weight group.
+inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, TrainReport* report = nullptr) {
+  const auto& shapes = layer_shapes();
+  const int layers = static_cast<int>(shapes.size());
+  HostBackend backend({&comm});
+  Runtime runtime(backend, options.config);
+  std::vector<std::vector<std::uint16_t>> shards(layers);
+  std::vector<std::vector<float>> main_grads(layers);
+  std::vector<WeightId> ids;
+  std::int64_t largest = 0;
+  for (int l = 0; l < layers; ++l) {
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shapes[l].rows, shapes[l].cols, comm.size());
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    shards[l].resize(std::max<std::int64_t>(valid, 1) * shapes[l].cols);
+    main_grads[l].assign(std::max<std::int64_t>(valid, 1) * shapes[l].cols, 0.0f);
+    WeightDesc desc;
+    desc.name = "layer" + std::to_string(l);
+    desc.shard = shards[l].data();
+    desc.rows = shapes[l].rows;
+    desc.cols = shapes[l].cols;
+    desc.main_grad = main_grads[l].data();
+    ids.push_back(runtime.register_weight(desc));
+    const Weight& w = runtime.registry().get(ids.back());
+    largest = std::max(largest, w.geometry.group_size * w.layout.chunk_bytes + w.output_bytes);
+  }
+  std::int64_t warm_allocations = 0;
+  for (int step = 0; step < options.steps; ++step) {
+    for (int l = 0; l < layers; ++l) {
+      const auto full = full_weight(l, step);
+      const auto geometry = runtime.registry().get(ids[l]).geometry;
+      const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+      const std::int64_t valid = geometry.valid_rows(comm.rank()) * shapes[l].cols;
+      std::copy(full.begin() + first, full.begin() + first + valid, shards[l].begin());
+      std::fill(main_grads[l].begin(), main_grads[l].end(), 0.0f);
+    }
+    runtime.shard_updated(ids.data(), layers);
+    for (int mb = 0; mb < options.microbatches; ++mb) {
+      std::vector<std::vector<float>> xs = {input(step, comm.rank(), mb)};
+      for (int l = 0; l < layers; ++l) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        const auto full = full_weight(l, step);
+        ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "forward layer " << l << " step " << step;
+        xs.push_back(forward(xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l]));
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      std::vector<float> dy(kBatchRows * shapes.back().rows, 1.0f);
+      for (int l = layers - 1; l >= 0; --l) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, nullptr);
+        const auto full = full_weight(l, step);
+        ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "backward layer " << l << " step " << step;
+        float* g = runtime.grad_buffer(ids[l], nullptr);
+        dy = backward(dy, xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l], g);
+        runtime.release(&ids[l], 1, nullptr);
+        runtime.finalize(&ids[l], 1, mb == options.microbatches - 1, nullptr);
+      }
+    }
+    runtime.drain(nullptr);
+    const auto reference = reference_grads(step, comm.size(), options.microbatches);
+    for (int l = 0; l < layers; ++l) {
+      const auto geometry = runtime.registry().get(ids[l]).geometry;
+      const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+      const std::int64_t valid = geometry.valid_rows(comm.rank()) * shapes[l].cols;
+      for (std::int64_t i = 0; i < valid; ++i) {
+        ASSERT_EQ(main_grads[l][i], reference[l][first + i]) << "layer " << l << " element " << i << " step " << step;
+      }
+    }
+    EXPECT_LE(runtime.cache_stats().slot_bytes, (options.config.depth + 1) * largest) << "step " << step;
+    if (step == 1) warm_allocations = backend.memory().allocations;
+    if (step > 1) {
+      EXPECT_EQ(backend.memory().allocations, warm_allocations) << "allocated in steady state, step " << step;
+    }
+  }
+  const RuntimeStats stats = runtime.stats();
+  if (options.config.depth > 0) {
+    EXPECT_GT(stats.prefetch_hits, 0) << runtime.stats_json();
+    EXPECT_GT(stats.stale_prefetches, 0) << "the head prefetched across the step boundary was not re-gathered";
+  } else {
+    EXPECT_EQ(stats.prefetches, 0) << runtime.stats_json();
+    EXPECT_EQ(stats.exposed_gathers, stats.materializations);
+  }
+  EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
+  EXPECT_EQ(runtime.grads_stats().grads_ready, options.steps * layers * (options.config.grads.accumulate_microbatches ? 1 : options.microbatches));
+  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest};
+}
+
+// Every wire format, with an expert group: the materialized weights equal the reference decode of the
+// chunks a single process packs from the full weight with the group-wide amax.
+inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spec) {
+  const int g = comm.size();
+  const std::int64_t rows = 40, cols = 64;
+  const int experts = 3;
+  auto full_weight = [&](int expert, int step) {
+    std::mt19937 rng(100 * expert + step);
+    std::normal_distribution<float> normal(0.0f, 1.0f + expert + step);
+    std::vector<float> w(rows * cols);
+    for (float& v : w) v = normal(rng);
+    return w;
+  };
+  {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, g);
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    std::vector<std::vector<float>> shards(experts, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols));
+    std::vector<WeightId> ids;
+    for (int e = 0; e < experts; ++e) {
+      WeightDesc desc;
+      desc.name = "expert" + std::to_string(e);
+      desc.shard = shards[e].data();
+      desc.dtype = kernels::SourceDtype::kFP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = spec;
+      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
+      ids.push_back(runtime.register_weight(desc));
+    }
+    const kernels::ChunkLayout layout = runtime.registry().get(ids[0]).layout;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<std::vector<std::uint16_t>> expected;
+      for (int e = 0; e < experts; ++e) {
+        const auto full = full_weight(e, step);
+        std::copy(full.begin() + comm.rank() * geometry.shard_rows * cols,
+                  full.begin() + (comm.rank() * geometry.shard_rows + valid) * cols, shards[e].begin());
+        const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+        std::vector<unsigned char> chunks(g * layout.chunk_bytes);
+        for (int r = 0; r < g; ++r) {
+          kernels::PackArgs args;
+          args.shard = full.data() + r * geometry.shard_rows * cols;
+          args.src_dtype = kernels::SourceDtype::kFP32;
+          args.shard_rows = geometry.shard_rows;
+          args.valid_rows = geometry.valid_rows(r);
+          args.cols = cols;
+          args.amax = &amax;
+          args.chunk = chunks.data() + r * layout.chunk_bytes;
+          args.chunk_capacity = layout.chunk_bytes;
+          kernels::pack_reference(spec, args);
+        }
+        expected.emplace_back(rows * cols);
+        kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
+                                  expected.back().data(), rows * cols * 2);
+      }
+      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
+      for (int pass = 0; pass < 2; ++pass) {
+        const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
+        for (int e = 0; e < experts; ++e) {
+          ASSERT_EQ(std::memcmp(out[e], expected[e].data(), rows * cols * 2), 0)
+              << kernels::to_string(spec.format) << " expert " << e << " step " << step << " pass " << pass;
+        }
+        runtime.release(ids.data(), 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  }
+}
+
+inline std::vector<kernels::WireSpec> all_wire_specs() {
+  using kernels::WireFormat;
+  using kernels::ScaleRounding;
+  using kernels::Nvfp4Blocks;
+  return {{WireFormat::kBF16},
+          {WireFormat::kFP8},
+          {WireFormat::kMXFP8, ScaleRounding::kRceil},
+          {WireFormat::kMXFP8, ScaleRounding::kFloor},
+          {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k1D},
+          {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D}};
+}
+
+}  // namespace gtp::remat::testing

@@ -1,0 +1,150 @@
+#include "remat/registry.h"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+namespace gtp::remat {
+namespace {
+
+bool needs_tensor_amax(kernels::WireFormat format) {
+  return format == kernels::WireFormat::kFP8 || format == kernels::WireFormat::kNVFP4;
+}
+
+std::string quoted(const WeightDesc& desc) { return "weight '" + desc.name + "'"; }
+
+}  // namespace
+
+Registry::~Registry() {
+  for (std::size_t id = 0; id < weights_.size(); ++id) {
+    if (live_[id]) backend_.deallocate(weights_[id].chunk, weights_[id].layout.chunk_bytes);
+  }
+  backend_.deallocate(amax_scratch_, amax_bytes_);
+}
+
+bool Registry::contains(WeightId id) const {
+  return id >= 0 && id < static_cast<WeightId>(weights_.size()) && live_[id];
+}
+
+const Weight& Registry::get(WeightId id) const {
+  if (!contains(id)) {
+    throw std::invalid_argument("weight id " + std::to_string(id) +
+                                " is not registered (unregistered, or never returned by register)");
+  }
+  return weights_[id];
+}
+
+Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
+
+WeightId Registry::add(const WeightDesc& desc) {
+  Weight weight;
+  weight.desc = desc;
+  const int g = backend_.group_size(desc.group);  // throws for an unknown group
+  weight.geometry = kernels::weight_geometry(desc.wire.format, desc.rows, desc.cols, g);
+  weight.layout = kernels::chunk_layout(desc.wire, weight.geometry.shard_rows, desc.cols);
+  weight.valid_rows = weight.geometry.valid_rows(backend_.group_rank(desc.group));
+  weight.output_bytes = kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment);
+  if (weight.valid_rows > 0 && desc.shard == nullptr) {
+    throw std::invalid_argument(quoted(desc) + ": shard is null but this rank holds " +
+                                std::to_string(weight.valid_rows) + " rows; pass the shard pointer");
+  }
+  if (desc.expert_leader != kNoWeight) {
+    const Weight& leader = get(desc.expert_leader);
+    if (leader.desc.expert_leader != kNoWeight) {
+      throw std::invalid_argument(quoted(desc) + ": expert_leader " + std::to_string(desc.expert_leader) +
+                                  " is itself an expert; name the group's first weight");
+    }
+    if (leader.desc.group != desc.group || leader.desc.wire.format != desc.wire.format ||
+        leader.desc.dtype != desc.dtype || leader.desc.rows != desc.rows || leader.desc.cols != desc.cols) {
+      throw std::invalid_argument(quoted(desc) + ": an expert must match its leader '" + leader.desc.name +
+                                  "' in group, dtype, wire format, rows and cols");
+    }
+  }
+  weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
+  const WeightId id = static_cast<WeightId>(weights_.size());
+  weights_.push_back(std::move(weight));
+  live_.push_back(true);
+  if (desc.expert_leader != kNoWeight) weights_[desc.expert_leader].members.push_back(id);
+  return id;
+}
+
+void Registry::remove(WeightId id) {
+  Weight& weight = at(id);
+  if (!weight.members.empty()) {
+    throw std::invalid_argument(quoted(weight.desc) + " leads " + std::to_string(weight.members.size()) +
+                                " experts; unregister them first");
+  }
+  if (weight.desc.expert_leader != kNoWeight) {
+    std::vector<WeightId>& members = weights_[weight.desc.expert_leader].members;
+    members.erase(std::find(members.begin(), members.end(), id));
+  }
+  backend_.deallocate(weight.chunk, weight.layout.chunk_bytes);
+  weight.chunk = nullptr;
+  live_[id] = false;
+}
+
+std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) const {
+  if (n <= 0 || ids == nullptr) {
+    throw std::invalid_argument("weight list: n = " + std::to_string(n) + (ids == nullptr ? " with null ids" : "") +
+                                "; pass at least one weight id");
+  }
+  std::vector<WeightId> out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Weight& weight = get(ids[i]);
+    out.push_back(ids[i]);
+    out.insert(out.end(), weight.members.begin(), weight.members.end());
+  }
+  return out;
+}
+
+void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
+  const std::vector<WeightId> all = expand(ids, n);
+  // One batched amax reduction per group, groups in ascending order (the same on every rank).
+  std::map<int, std::vector<WeightId>> by_group;
+  std::int64_t amax_count = 0;
+  for (WeightId id : all) {
+    if (needs_tensor_amax(weights_[id].desc.wire.format)) {
+      by_group[weights_[id].desc.group].push_back(id);
+      ++amax_count;
+    }
+  }
+  // Scratch for the amax values, in backend memory (pack reads them there); grown only in warm-up.
+  const std::int64_t needed = amax_count * static_cast<std::int64_t>(sizeof(float));
+  if (needed > amax_bytes_) {
+    backend_.deallocate(amax_scratch_, amax_bytes_);
+    amax_scratch_ = static_cast<float*>(backend_.allocate(needed));
+    amax_bytes_ = needed;
+  }
+  std::map<WeightId, const float*> amax;
+  float* next = amax_scratch_;
+  for (auto& [group, members] : by_group) {
+    float* values = next;
+    for (WeightId id : members) {
+      const Weight& weight = weights_[id];
+      if (weight.valid_rows > 0) {
+        backend_.amax(weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
+      } else {
+        backend_.fill(next, 0, sizeof(float));
+      }
+      amax[id] = next++;
+    }
+    backend_.all_reduce_max(group, values, next - values);
+  }
+  for (WeightId id : all) {
+    Weight& weight = weights_[id];
+    kernels::PackArgs args;
+    args.shard = weight.desc.shard;
+    args.src_dtype = weight.desc.dtype;
+    args.shard_rows = weight.geometry.shard_rows;
+    args.valid_rows = weight.valid_rows;
+    args.cols = weight.desc.cols;
+    const auto reduced = amax.find(id);
+    args.amax = reduced == amax.end() ? nullptr : reduced->second;
+    args.chunk = weight.chunk;
+    args.chunk_capacity = weight.layout.chunk_bytes;
+    backend_.pack(weight.desc.wire, args);
+    ++weight.version;
+  }
+}
+
+}  // namespace gtp::remat

@@ -1,0 +1,77 @@
+// Registry: the weights the runtime materializes. Each rank registers its own shard of every weight
+// (rows group_rank x shard_rows ... of the TP-local weight, padding rows excluded) and keeps one packed
+// wire chunk per weight, re-packed by shard_updated() once per optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/wire_format.h"
+#include "remat/backend.h"
+
+namespace gtp::remat {
+
+using WeightId = std::int64_t;
+inline constexpr WeightId kNoWeight = -1;
+
+struct WeightDesc {
+  std::string name;                     // for messages and stats
+  const void* shard = nullptr;          // valid_rows x cols of `dtype`, backend memory; null when
+                                        // this rank holds only padding rows
+  kernels::SourceDtype dtype = kernels::SourceDtype::kBF16;
+  std::int64_t rows = 0;                // logical rows of the TP-local weight (out_features / TP)
+  std::int64_t cols = 0;
+  kernels::WireSpec wire;
+  int group = 0;                        // the backend group the weight is sharded over (size G)
+  float* main_grad = nullptr;           // FP32 valid_rows x cols, or null (no gradient)
+  WeightId expert_leader = kNoWeight;   // set on every expert but the first: the group's first weight
+};
+
+struct Weight {
+  WeightDesc desc;
+  kernels::WeightGeometry geometry;
+  kernels::ChunkLayout layout;
+  std::int64_t valid_rows = 0;          // rows of this rank's shard
+  std::int64_t output_bytes = 0;        // BF16 rows x cols, rounded to kSectionAlignment
+  void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes)
+  std::uint64_t version = 0;            // packs so far; 0: never packed
+  std::vector<WeightId> members;        // a leader's experts after itself, in registration order
+};
+
+class Registry {
+ public:
+  explicit Registry(Backend& backend) : backend_(backend) {}
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Checks everything (shapes via weight_geometry, group, leader compatibility) before allocating the
+  // chunk; throws std::invalid_argument naming the bad value and the fix.
+  WeightId add(const WeightDesc& desc);
+  // A leader can only go after its experts.
+  void remove(WeightId id);
+
+  // Throws std::invalid_argument for an id that is not registered.
+  const Weight& get(WeightId id) const;
+  bool contains(WeightId id) const;
+
+  // Leaders expand into themselves followed by their experts; others stay as they are.
+  std::vector<WeightId> expand(const WeightId* ids, std::int64_t n) const;
+
+  // Re-packs the chunks of `ids` (leaders: with their experts) from their shards. FP8 and NVFP4 encode
+  // with the tensor amax over the whole weight: every local amax is reduced in one all_reduce_max per
+  // group. Collective: every rank of each group involved calls it with the same ids in the same order.
+  void shard_updated(const WeightId* ids, std::int64_t n);
+
+ private:
+  Weight& at(WeightId id);
+
+  Backend& backend_;
+  std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null
+  std::vector<bool> live_;
+  float* amax_scratch_ = nullptr;
+  std::int64_t amax_bytes_ = 0;
+};
+
+}  // namespace gtp::remat

@@ -1,0 +1,295 @@
+#include "remat/runtime.h"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+
+namespace gtp::remat {
+namespace {
+
+constexpr int kPhases = 3;
+
+}  // namespace
+
+Runtime::Runtime(Backend& backend, RuntimeConfig config)
+    : backend_(backend), config_(std::move(config)), registry_(backend), cache_(backend, config_.cache),
+      grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
+  if (config_.depth < 0 || config_.depth > kMaxDepth) {
+    throw std::invalid_argument("prefetch depth " + std::to_string(config_.depth) + " is out of range; use 0.." +
+                                std::to_string(kMaxDepth));
+  }
+  if (config_.cache.budget_bytes < 0) {
+    throw std::invalid_argument("memory budget " + std::to_string(config_.cache.budget_bytes) +
+                                " is negative; use 0 (no limit) or a byte count");
+  }
+}
+
+int Runtime::chain_index(Phase phase, int chunk) {
+  const int p = static_cast<int>(phase);
+  if (p < 0 || p >= kPhases) {
+    throw std::invalid_argument("phase " + std::to_string(p) + " is not forward, backward or recompute");
+  }
+  if (chunk < 0) {
+    throw std::invalid_argument("model chunk " + std::to_string(chunk) + " is negative; chunks count from 0");
+  }
+  const int index = chunk * kPhases + p;
+  if (index >= static_cast<int>(chains_.size())) chains_.resize(index + 1);
+  return index;
+}
+
+std::int64_t Runtime::bytes_for(const ChainKey& key) const {
+  std::int64_t bytes = 0;
+  for (WeightId id : key) {
+    const Weight& w = registry_.get(id);
+    bytes += w.geometry.group_size * w.layout.chunk_bytes + w.output_bytes;
+  }
+  return bytes;
+}
+
+std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
+  std::vector<std::uint64_t> out;
+  for (WeightId id : key) out.push_back(registry_.get(id).version);
+  return out;
+}
+
+// Slot layout, per weight of the key: the G gathered chunks, then the unpacked BF16 output.
+void Runtime::fill(int index, const ChainKey& key, const char* why) {
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
+  Cache::Slot& slot = cache_.slot(index);
+  char* next = static_cast<char*>(slot.ptr);
+  std::string names;
+  for (WeightId id : key) {
+    const Weight& w = registry_.get(id);
+    const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
+    backend_.all_gather(w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+    backend_.unpack(w.desc.wire, kernels::GatheredChunks{next, gathered, w.geometry}, next + gathered, w.output_bytes);
+    next += gathered + w.output_bytes;
+    if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
+    weight_stats_[id].gathered_bytes += gathered;
+    if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+  }
+  slot.key = key;
+  slot.versions = versions(key);
+  if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
+  slot.ready = backend_.record(backend_.side_stream());
+  if (trace_.enabled()) trace_.add("gather " + names, why, start);
+}
+
+std::vector<void*> Runtime::outputs(int index, const ChainKey& key) {
+  std::vector<void*> out;
+  char* next = static_cast<char*>(cache_.slot(index).ptr);
+  for (WeightId id : key) {
+    const Weight& w = registry_.get(id);
+    next += w.geometry.group_size * w.layout.chunk_bytes;
+    out.push_back(next);
+    next += w.output_bytes;
+  }
+  return out;
+}
+
+// Keeps the next `depth` entries of `chain` prefetched. At most `depth` slots are prefetched over all
+// chains: room is made by dropping other chains' prefetches first; the budget may defer the rest.
+void Runtime::refill(int chain) {
+  const std::vector<std::int64_t> window = chains_[chain].upcoming(config_.depth);
+  int prefetched = 0;
+  for (int i = 0; i < cache_.size(); ++i) {
+    Cache::Slot& s = cache_.slot(i);
+    if (s.state != Cache::State::kPrefetched) continue;
+    if (s.chain == chain && std::find(window.begin(), window.end(), s.position) == window.end()) {
+      cache_.drop(i);
+    } else {
+      ++prefetched;
+    }
+  }
+  for (std::int64_t position : window) {
+    if (cache_.find_prefetched(chain, position) >= 0) continue;
+    const ChainKey& key = chains_[chain].at(position);
+    if (!std::all_of(key.begin(), key.end(), [&](WeightId id) { return registry_.contains(id); })) return;
+    for (int i = 0; prefetched >= config_.depth && i < cache_.size(); ++i) {
+      if (cache_.slot(i).state == Cache::State::kPrefetched && cache_.slot(i).chain != chain) {
+        cache_.drop(i);
+        --prefetched;
+      }
+    }
+    if (prefetched >= config_.depth) return;
+    const int index = cache_.take(bytes_for(key), /*on_demand=*/false);
+    if (index < 0) return;
+    fill(index, key, "prefetch");
+    Cache::Slot& slot = cache_.slot(index);
+    slot.state = Cache::State::kPrefetched;
+    slot.chain = chain;
+    slot.position = position;
+    ++prefetched;
+    ++stats_.prefetches;
+  }
+}
+
+std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
+                                        Stream stream) {
+  if (layout != Layout::kBF16) {
+    throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16");
+  }
+  const ChainKey key = registry_.expand(ids, n);
+  for (WeightId id : key) {
+    const Weight& w = registry_.get(id);
+    if (w.version == 0) {
+      throw std::invalid_argument("materialize: weight '" + w.desc.name +
+                                  "' was never packed; call shard_updated on it (collectively) after register");
+    }
+  }
+  const int c = chain_index(phase, chunk);
+  const Chain::Consume consumed = chains_[c].consume(key);
+  int index = consumed.position >= 0 ? cache_.find_prefetched(c, consumed.position) : -1;
+  if (index >= 0 && cache_.slot(index).versions != versions(key)) {
+    cache_.drop(index);  // shard_updated re-gathers prefetched slots, so this is only a safety net
+    ++stats_.stale_prefetches;
+    index = -1;
+  }
+  const bool hit = index >= 0;
+  if (hit) {
+    ++stats_.prefetch_hits;
+  } else {
+    index = cache_.take(bytes_for(key), /*on_demand=*/true);
+    fill(index, key, "exposed");
+    ++stats_.exposed_gathers;
+  }
+  for (WeightId id : key) {
+    WeightStats& w = weight_stats_[id];  // fill() sized it when the key was first gathered
+    ++w.materializations;
+    ++(hit ? w.prefetch_hits : w.exposed_gathers);
+  }
+  Cache::Slot& slot = cache_.slot(index);
+  slot.state = Cache::State::kHeld;
+  slot.chain = -1;
+  slot.position = -1;
+  slot.consumers = 1;
+  backend_.wait(stream, slot.ready);
+  backend_.forget(slot.ready);
+  slot.ready = 0;
+  ++stats_.materializations;
+  active_chain_ = c;
+  std::vector<void*> out = outputs(index, key);
+  refill(c);
+  return out;
+}
+
+void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream) {
+  const ChainKey key = registry_.expand(ids, n);
+  const int index = cache_.find_held(key);
+  if (index < 0) {
+    throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name + "'" +
+                                (key.size() > 1 ? " and the others listed" : "") +
+                                " are not materialized (a double release, or a release without materialize); "
+                                "release exactly the ids passed to materialize, once");
+  }
+  cache_.release(index, backend_.record(stream));
+  if (active_chain_ >= 0) refill(active_chain_);
+}
+
+void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
+  grads_.finalize(registry_.expand(ids, n), last_microbatch, stream);
+  if (trace_.enabled()) trace_.add("finalize " + registry_.get(ids[0]).desc.name, "grads", start);
+}
+
+void Runtime::drain(Stream stream) {
+  grads_.drain(stream);
+  for (Chain& chain : chains_) chain.end_step();
+  // The next step's head: the forward chain of chunk 0, prefetched across the step boundary.
+  const int head = chain_index(Phase::kForward, 0);
+  active_chain_ = head;
+  refill(head);
+}
+
+void Runtime::shard_updated(const WeightId* ids, std::int64_t n) {
+  const ChainKey updated = registry_.expand(ids, n);
+  const double start = trace_.enabled() ? trace_.now_us() : 0;
+  registry_.shard_updated(ids, n);
+  if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
+  const std::set<WeightId> changed(updated.begin(), updated.end());
+  for (int i = 0; i < cache_.size(); ++i) {
+    Cache::Slot& slot = cache_.slot(i);
+    if (slot.state != Cache::State::kPrefetched) continue;
+    if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
+    const ChainKey key = slot.key;
+    fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
+    ++stats_.stale_prefetches;
+  }
+}
+
+void Runtime::unregister_weight(WeightId id) {
+  const Weight& w = registry_.get(id);
+  for (int i = 0; i < cache_.size(); ++i) {
+    Cache::Slot& slot = cache_.slot(i);
+    if (slot.state == Cache::State::kFree || std::find(slot.key.begin(), slot.key.end(), id) == slot.key.end()) continue;
+    if (slot.state == Cache::State::kHeld) {
+      throw std::invalid_argument("unregister: weight '" + w.desc.name + "' is materialized; release it first");
+    }
+  }
+  if (grads_.busy(id)) {
+    throw std::invalid_argument("unregister: weight '" + w.desc.name +
+                                "' has a grad buffer or a pending reduction; finalize and drain first");
+  }
+  registry_.remove(id);
+  for (int i = 0; i < cache_.size(); ++i) {
+    Cache::Slot& slot = cache_.slot(i);
+    if (slot.state == Cache::State::kPrefetched && std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
+      cache_.drop(i);
+    }
+  }
+}
+
+void Runtime::reset_chains() {
+  for (Chain& chain : chains_) chain.reset();
+  cache_.drop_all_prefetched();
+  active_chain_ = -1;
+}
+
+WeightStats Runtime::weight_stats(WeightId id) const {
+  registry_.get(id);  // throws for an unknown id
+  return id < static_cast<WeightId>(weight_stats_.size()) ? weight_stats_[id] : WeightStats{};
+}
+
+RuntimeStats Runtime::stats() const {
+  RuntimeStats out = stats_;
+  for (const Chain& chain : chains_) {
+    out.chain_mismatches += chain.mismatches();
+    if (!chain.last_mismatch().empty()) out.last_mismatch = chain.last_mismatch();
+  }
+  return out;
+}
+
+std::string Runtime::stats_json() const {
+  const RuntimeStats s = stats();
+  const CacheStats& c = cache_.stats();
+  const GradsStats& g = grads_.stats();
+  const MemoryStats& m = backend_.memory();
+  nlohmann::json j;
+  j["backend"] = backend_.name();
+  j["depth"] = config_.depth;
+  j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits},
+                      {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
+                      {"stale_prefetches", s.stale_prefetches}};
+  j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch}};
+  j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_bytes", config_.cache.budget_bytes},
+                {"budget_waits", c.budget_waits}, {"evictions", c.evictions},
+                {"dropped_prefetches", c.dropped_prefetches}};
+  j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},
+                {"pool_buffers", g.pool_buffers}};
+  j["memory"] = {{"allocations", m.allocations}, {"bytes_in_use", m.bytes_in_use}, {"peak_bytes", m.peak_bytes}};
+  j["trace"] = {{"spans", config_.trace_spans}, {"dropped", trace_.dropped()}};
+  nlohmann::json weights = nlohmann::json::array();
+  for (WeightId id = 0; id < static_cast<WeightId>(weight_stats_.size()); ++id) {
+    if (!registry_.contains(id)) continue;
+    const WeightStats& w = weight_stats_[id];
+    weights.push_back({{"id", id}, {"name", registry_.get(id).desc.name}, {"materializations", w.materializations},
+                       {"prefetch_hits", w.prefetch_hits}, {"exposed_gathers", w.exposed_gathers},
+                       {"gathered_bytes", w.gathered_bytes}});
+  }
+  j["weights"] = weights;
+  return j.dump();
+}
+
+}  // namespace gtp::remat

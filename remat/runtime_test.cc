@@ -1,0 +1,409 @@
+// The remat runtime on the host backend with ranks as threads (ThreadBootstrap + HostComm over UCX):
+// training against a single-process reference, every wire format against the reference decode,
+// chain verification, the memory budget, lifetime under poisoning, and misuse.
+#include "remat/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
+#include "remat/internal/test_model.h"
+
+namespace gtp::remat {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::TrainOptions;
+using testing::TrainReport;
+constexpr milliseconds kTimeout{60000};
+
+void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
+  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
+  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
+    comm::HostComm comm(*group[rank], kTimeout);
+    body(comm);
+  }));
+}
+
+template <typename Error>
+void expect_error(const std::function<void()>& call, const std::string& text) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << text << "'";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(text), std::string::npos) << error.what();
+  }
+}
+
+TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith2RanksDepth1) {
+  on_ranks(2, [](comm::HostComm& comm) { testing::train_and_check(comm, TrainOptions{}); });
+}
+
+TEST(Runtime, TrainingMatchesTheSingleProcessReferenceWith4RanksDepth2) {
+  TrainOptions options;
+  options.config.depth = 2;
+  on_ranks(4, [&](comm::HostComm& comm) { testing::train_and_check(comm, options); });
+}
+
+TEST(Runtime, DepthZeroGathersEverythingOnDemandInOneSlot) {
+  TrainOptions options;
+  options.config.depth = 0;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+    EXPECT_EQ(report.cache.slots, 1);
+  });
+}
+
+TEST(Runtime, AccumulatingWgradsAcrossMicrobatchesReducesOncePerStep) {
+  TrainOptions options;
+  options.config.depth = 3;
+  options.microbatches = 3;
+  options.config.grads.accumulate_microbatches = true;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+  });
+}
+
+TEST(Runtime, GradReadyCallbackFiresOncePerWeightAndReduction) {
+  std::vector<int> ready(2, 0);
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainOptions options;
+    options.steps = 3;
+    options.config.grads.grad_ready = [&](WeightId) { ++ready[comm.rank()]; };
+    testing::train_and_check(comm, options);
+  });
+  EXPECT_EQ(ready[0], 3 * 3 * 2);
+  EXPECT_EQ(ready[1], 3 * 3 * 2);
+}
+
+TEST(Runtime, FinalizingAnExpertLeaderReducesEveryExpertIntoItsMainGrad) {
+  on_ranks(4, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    std::vector<WeightId> ready;
+    RuntimeConfig config;
+    config.grads.grad_ready = [&](WeightId id) { ready.push_back(id); };
+    Runtime runtime(backend, config);
+    const std::int64_t rows = 40, cols = 32;  // G = 4: 16-row shards, rank 2 holds 8 rows, rank 3 none
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, rows, cols, 4);
+    const std::int64_t valid = geometry.valid_rows(comm.rank());
+    std::vector<std::uint16_t> shard(std::max<std::int64_t>(valid, 1) * cols, 0);
+    std::vector<std::vector<float>> main_grads(3, std::vector<float>(std::max<std::int64_t>(valid, 1) * cols, 1.0f));
+    std::vector<WeightId> ids;
+    for (int e = 0; e < 3; ++e) {
+      WeightDesc desc;
+      desc.name = "expert" + std::to_string(e);
+      desc.shard = shard.data();
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.main_grad = main_grads[e].data();
+      desc.expert_leader = e == 0 ? kNoWeight : ids[0];
+      ids.push_back(runtime.register_weight(desc));
+    }
+    // Each rank's wgrad of expert e, element (r, c): (rank + 1) x (e + 1) x (r + 1).
+    for (int e = 0; e < 3; ++e) {
+      float* g = runtime.grad_buffer(ids[e], nullptr);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < cols; ++c) g[r * cols + c] = static_cast<float>((comm.rank() + 1) * (e + 1) * (r + 1));
+    }
+    runtime.finalize(ids.data(), 1, true, nullptr);
+    EXPECT_TRUE(ready.empty()) << "the main-grad add is deferred to the next finalize or drain";
+    runtime.drain(nullptr);
+    EXPECT_EQ(ready, ids);
+    for (int e = 0; e < 3; ++e) {
+      for (std::int64_t r = 0; r < valid; ++r) {
+        const std::int64_t row = comm.rank() * geometry.shard_rows + r;
+        // mean over ranks of (rank + 1) is 2.5; the main grad started at 1
+        const float expected = 1.0f + 2.5f * static_cast<float>((e + 1) * (row + 1));
+        for (std::int64_t c = 0; c < cols; ++c) ASSERT_EQ(main_grads[e][r * cols + c], expected) << e << " " << row;
+      }
+    }
+    const WeightId twice[2] = {ids[1], ids[1]};
+    runtime.grad_buffer(ids[1], nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.finalize(twice, 2, true, nullptr); }, "listed twice");
+  });
+}
+
+TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
+  // Layer 0 with G = 2 is the largest group: 2 gathered chunks of 32x32 BF16 plus a 48x32 output.
+  const std::int64_t largest = 2 * 2048 + 3072;
+  TrainOptions options;
+  options.config.depth = 3;
+  options.config.cache.budget_bytes = 2 * largest;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    TrainReport report;
+    testing::train_and_check(comm, options, &report);
+    EXPECT_EQ(report.largest_group_bytes, largest);
+    EXPECT_GT(report.cache.budget_waits, 0);
+    EXPECT_LE(report.cache.slot_bytes, options.config.cache.budget_bytes);
+  });
+}
+
+TEST(Runtime, EveryWireFormatMatchesTheReferenceDecode) {
+  for (int g : {2, 4}) {
+    for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
+      on_ranks(g, [&](comm::HostComm& comm) { testing::check_wire_format(comm, spec); });
+    }
+  }
+}
+
+// Registers the three model layers with the step-0 weights; returns their ids.
+std::vector<WeightId> register_model(Runtime& runtime, comm::HostComm& comm, std::vector<std::vector<std::uint16_t>>& shards) {
+  const auto& shapes = testing::layer_shapes();
+  std::vector<WeightId> ids;
+  for (int l = 0; l < static_cast<int>(shapes.size()); ++l) {
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shapes[l].rows, shapes[l].cols, comm.size());
+    const auto full = testing::full_weight(l, 0);
+    const std::int64_t first = comm.rank() * geometry.shard_rows * shapes[l].cols;
+    shards.emplace_back(full.begin() + first, full.begin() + first + geometry.valid_rows(comm.rank()) * shapes[l].cols);
+    shards.back().resize(std::max<std::size_t>(shards.back().size(), 1));
+    WeightDesc desc;
+    desc.name = "layer" + std::to_string(l);
+    desc.shard = shards.back().data();
+    desc.rows = shapes[l].rows;
+    desc.cols = shapes[l].cols;
+    ids.push_back(runtime.register_weight(desc));
+  }
+  runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+  return ids;
+}
+
+void expect_layer(const void* out, int layer) {
+  const auto full = testing::full_weight(layer, 0);
+  EXPECT_EQ(std::memcmp(out, full.data(), full.size() * 2), 0) << "layer " << layer;
+}
+
+TEST(Runtime, ChainMismatchIsCountedReportedAndServedByAnOnDemandGather) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    auto pass = [&](const std::vector<int>& order) {
+      for (int l : order) {
+        const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        expect_layer(out[0], l);
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    };
+    pass({0, 1, 2});  // records
+    pass({0, 1, 2});
+    EXPECT_EQ(runtime.stats().chain_mismatches, 0);
+    const std::int64_t hits = runtime.stats().prefetch_hits;
+    EXPECT_EQ(hits, 3);
+    for (int l : {0, 2, 1}) {  // reordered layers
+      const auto out = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+      expect_layer(out[0], l);
+      if (l == 2) {
+        EXPECT_EQ(runtime.stats().chain_mismatches, 1);
+        EXPECT_EQ(runtime.stats().last_mismatch, "expected weights [1] at position 1 of 3, got [2]");
+      }
+      runtime.release(&ids[l], 1, nullptr);
+    }
+    runtime.drain(nullptr);
+    EXPECT_EQ(runtime.stats().chain_mismatches, 2);
+    EXPECT_EQ(runtime.stats().last_mismatch, "expected the end of the step after 3 entries, got [1]");
+    const std::int64_t mismatches = runtime.stats().chain_mismatches;
+    pass({0, 2});  // a conditional branch skips a layer
+    EXPECT_GT(runtime.stats().chain_mismatches, mismatches);
+    const std::int64_t before = runtime.stats().chain_mismatches;
+    pass({0, 1, 2});
+    EXPECT_EQ(runtime.stats().chain_mismatches, before);
+    runtime.reset_chains();
+    pass({2, 1, 0});  // a rebuilt model records afresh
+    pass({2, 1, 0});
+    EXPECT_EQ(runtime.stats().chain_mismatches, before);
+  });
+}
+
+TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    std::vector<WeightId> ids = register_model(runtime, comm, shards);
+    auto use = [&](int layer, Phase phase, int chunk) {
+      const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
+      expect_layer(out[0], layer);
+      runtime.release(&ids[layer], 1, nullptr);
+    };
+    auto step = [&] {  // chunk 0 holds layers 0 and 1, chunk 1 holds layer 2, which is recomputed
+      use(0, Phase::kForward, 0);
+      use(1, Phase::kForward, 0);
+      use(2, Phase::kForward, 1);
+      use(2, Phase::kRecompute, 1);
+      use(2, Phase::kBackward, 1);
+      use(1, Phase::kBackward, 0);
+      use(0, Phase::kBackward, 0);
+      runtime.drain(nullptr);
+    };
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(runtime.stats().chain_mismatches, 0) << runtime.stats().last_mismatch;
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+    const std::int64_t allocations = backend.memory().allocations;
+    step();
+    EXPECT_EQ(backend.memory().allocations, allocations);
+
+    // A rebuilt layer 2 (new id) no longer matches chunk 1's chains: counted, still served correctly.
+    runtime.unregister_weight(ids[2]);
+    shards.pop_back();
+    ids.pop_back();
+    const auto& shape = testing::layer_shapes()[2];
+    const auto geometry = kernels::weight_geometry(kernels::WireFormat::kBF16, shape.rows, shape.cols, comm.size());
+    const auto full = testing::full_weight(2, 0);
+    const std::int64_t first = comm.rank() * geometry.shard_rows * shape.cols;
+    shards.emplace_back(full.begin() + first, full.begin() + first + geometry.valid_rows(comm.rank()) * shape.cols);
+    shards.back().resize(std::max<std::size_t>(shards.back().size(), 1));
+    WeightDesc desc;
+    desc.name = "layer2 rebuilt";
+    desc.shard = shards.back().data();
+    desc.rows = shape.rows;
+    desc.cols = shape.cols;
+    ids.push_back(runtime.register_weight(desc));
+    runtime.shard_updated(&ids[2], 1);
+    step();
+    const std::int64_t mismatches = runtime.stats().chain_mismatches;
+    EXPECT_EQ(mismatches, 3);  // forward, recompute and backward chains of chunk 1
+    runtime.reset_chains();
+    for (int i = 0; i < 3; ++i) step();
+    EXPECT_EQ(runtime.stats().chain_mismatches, mismatches);
+  });
+}
+
+TEST(Runtime, StatsJsonAndChromeTraceDescribeWhatHappened) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.trace_spans = 8;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    for (int step = 0; step < 3; ++step) {
+      for (int l = 0; l < 3; ++l) {
+        runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+        runtime.release(&ids[l], 1, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    const WeightStats layer0 = runtime.weight_stats(ids[0]);
+    EXPECT_EQ(layer0.materializations, 3);
+    EXPECT_EQ(layer0.exposed_gathers, 1);  // the recording step
+    EXPECT_EQ(layer0.prefetch_hits, 2);
+    // Gathers of the head: one exposed while recording, then one prefetch at each of the 3 drains.
+    EXPECT_EQ(layer0.gathered_bytes, 4 * 2 * runtime.registry().get(ids[0]).layout.chunk_bytes);
+    const auto stats = nlohmann::json::parse(runtime.stats_json());
+    EXPECT_EQ(stats["materialize"]["calls"], 9);
+    EXPECT_EQ(stats["weights"].size(), 3u);
+    EXPECT_EQ(stats["weights"][0]["prefetch_hits"], 2);
+    const auto trace = nlohmann::json::parse(runtime.chrome_trace(comm.rank()));
+    ASSERT_EQ(trace["traceEvents"].size(), 8u);  // the ring keeps the latest 8 spans
+    EXPECT_GT(stats["trace"]["dropped"].get<std::int64_t>(), 0);
+    double previous = 0;
+    for (const auto& event : trace["traceEvents"]) {
+      EXPECT_EQ(event["ph"], "X");
+      EXPECT_EQ(event["pid"], comm.rank());
+      EXPECT_GE(event["ts"].get<double>(), previous);
+      previous = event["ts"].get<double>();
+    }
+    EXPECT_EQ(trace["traceEvents"].back()["cat"], "prefetch");  // the head, prefetched at the last drain
+  });
+}
+
+TEST(Runtime, PoisonedReleasedBuffersNeverCorruptWeightsStillInUse) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 2;
+    config.cache.poison_released = true;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const auto ids = register_model(runtime, comm, shards);
+    for (int step = 0; step < 4; ++step) {
+      std::vector<void*> out(3);
+      for (int l = 0; l < 3; ++l) out[l] = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, nullptr)[0];
+      std::vector<bool> held(3, true);
+      for (int l : {1, 0, 2}) {
+        runtime.release(&ids[l], 1, nullptr);
+        held[l] = false;
+        if (step == 0) {  // recording: nothing is prefetched into the freed slot, so it must read poisoned
+          const auto* bytes = static_cast<const unsigned char*>(out[l]);
+          const std::int64_t n = testing::layer_shapes()[l].rows * testing::layer_shapes()[l].cols * 2;
+          EXPECT_TRUE(std::all_of(bytes, bytes + n, [](unsigned char b) { return b == 0xFF; })) << "layer " << l;
+        }
+        for (int k = 0; k < 3; ++k) {
+          if (held[k]) expect_layer(out[k], k);
+        }
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  });
+}
+
+TEST(Runtime, MisuseIsRefusedWithAMessage) {
+  on_ranks(1, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig bad_depth;
+    bad_depth.depth = -1;
+    expect_error<std::invalid_argument>([&] { Runtime(backend, bad_depth); }, "depth -1 is out of range; use 0..64");
+    Runtime runtime(backend, RuntimeConfig{});
+    std::vector<std::uint16_t> shard(32 * 32, 0x3F80);
+    std::vector<float> grad(32 * 32, 0.0f);
+    WeightDesc desc;
+    desc.name = "w";
+    desc.shard = shard.data();
+    desc.rows = 32;
+    desc.cols = 32;
+    desc.group = 5;
+    expect_error<std::invalid_argument>([&] { runtime.register_weight(desc); }, "group 5");
+    desc.group = 0;
+    const WeightId id = runtime.register_weight(desc);
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "never packed");
+    runtime.shard_updated(&id, 1);
+    const WeightId unknown = 42;
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&unknown, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "42 is not registered");
+    expect_error<std::invalid_argument>([&] { runtime.release(&id, 1, nullptr); }, "not materialized");
+    runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.unregister_weight(id); }, "release it first");
+    runtime.release(&id, 1, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.release(&id, 1, nullptr); }, "double release");
+    expect_error<std::invalid_argument>([&] { runtime.grad_buffer(id, nullptr); }, "without a main grad");
+    expect_error<std::invalid_argument>([&] { runtime.finalize(&id, 1, true, nullptr); }, "has no grad buffer");
+    expect_error<std::invalid_argument>(
+        [&] { runtime.materialize(&id, 1, Phase::kForward, -1, Layout::kBF16, nullptr); }, "chunk -1");
+    desc.main_grad = grad.data();
+    const WeightId with_grad = runtime.register_weight(desc);
+    runtime.grad_buffer(with_grad, nullptr);
+    expect_error<std::invalid_argument>([&] { runtime.unregister_weight(with_grad); }, "finalize and drain first");
+    runtime.unregister_weight(id);
+    expect_error<std::invalid_argument>([&] { runtime.shard_updated(&id, 1); }, "is not registered");
+
+    RuntimeConfig tight;
+    tight.cache.budget_bytes = 256;
+    Runtime small(backend, tight);
+    const WeightId big = small.register_weight(desc);
+    small.shard_updated(&big, 1);
+    expect_error<std::runtime_error>(
+        [&] { small.materialize(&big, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "memory budget of 256 bytes");
+  });
+}
+
+}  // namespace
+}  // namespace gtp::remat

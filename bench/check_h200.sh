@@ -2,7 +2,7 @@
 # Correctness on the GPU machine, logged to $OUT: kernel tests, compute-sanitizer memcheck and
 # racecheck, and the comm GPU tests. Prints one summary line per step.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0
+source bench/gpu_env.sh
 bin=.carry/bin
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"

@@ -5,18 +5,11 @@
 # (bazel build -c opt) in .carry/bin; results go to $OUT. Set GTP_COMMIT to record the commit.
 #   bench/run_h200.sh [kernels|comm|topology|all]     (default all)
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0
 what=${1:-all}
 bin=.carry/bin
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"
-# NCCL and UCX come from the machine; fall back to a pip-installed NCCL and carried UCX libraries.
-if ! ldconfig -p | grep -q libnccl.so.2; then
-  nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
-  [ -n "$nccl_dir" ] && export LD_LIBRARY_PATH="$nccl_dir:${LD_LIBRARY_PATH:-}"
-fi
-{ ldconfig -p | grep -q libucp.so.0 && ldconfig -p | grep -q libhwloc.so.15; } ||
-  export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib"
+source bench/gpu_env.sh
 nvidia-smi -L
 if [ "$what" = topology ] || [ "$what" = all ]; then
   echo "== gtp-topo probe (live machine: hwloc + CUDA driver + NVML)"

@@ -31,5 +31,5 @@ for format in bf16 fp8 mxfp8 nvfp4; do
     -c 1 --format "$format"
   echo "== gtp-bench all_gather --format $format (pack + gather + unpack vs the BF16 gather) on $gpus GPU(s)"
   "$bin/gtp-launch" -n "$gpus" --timeout 300 -- "$bin/gtp-bench" all_gather -b 16M -e 1G -f 4 -n 20 -w 5 \
-    -c 0 --format "$format" --json "$out/comm_all_gather_$format.json"
+    -c 0 --format "$format" --json "$out/comm_all_gather_wire_$format.json"
 done

@@ -20,6 +20,8 @@ namespace gtp::kernels {
 namespace {
 
 using testing::AlignedBytes;
+using testing::kAllSpecs;
+using testing::name;
 using testing::EdgeCases;
 using testing::random_weight;
 using testing::shard_bytes;
@@ -46,19 +48,6 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_;
 };
-
-const WireSpec kAllSpecs[] = {
-    {WireFormat::kBF16},
-    {WireFormat::kFP8},
-    {WireFormat::kMXFP8, ScaleRounding::kRceil},
-    {WireFormat::kMXFP8, ScaleRounding::kFloor},
-    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k1D},
-    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D},
-};
-
-std::string name(const WireSpec& s) {
-  return to_string(s.format) + "/" + to_string(s.mx_rounding) + "/" + to_string(s.nvfp4_blocks);
-}
 
 struct Shape {
   int64_t rows, cols, G;

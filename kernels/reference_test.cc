@@ -17,22 +17,11 @@ namespace gtp::kernels {
 namespace {
 
 using testing::AlignedBytes;
+using testing::kAllSpecs;
+using testing::name;
 using testing::EdgeCases;
 using testing::random_weight;
 using testing::shard_bytes;
-
-const WireSpec kAllSpecs[] = {
-    {WireFormat::kBF16},
-    {WireFormat::kFP8},
-    {WireFormat::kMXFP8, ScaleRounding::kRceil},
-    {WireFormat::kMXFP8, ScaleRounding::kFloor},
-    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k1D},
-    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D},
-};
-
-std::string name(const WireSpec& s) {
-  return to_string(s.format) + "/" + to_string(s.mx_rounding) + "/" + to_string(s.nvfp4_blocks);
-}
 
 // Packs every rank's shard of `w` and lays the chunks out as the all-gather would.
 struct Gathered {

@@ -5,12 +5,27 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/codecs.h"
 #include "kernels/wire_format.h"
 
 namespace gtp::kernels::testing {
+
+// Every wire spec the tests sweep: each format, both MXFP8 roundings, both NVFP4 block shapes.
+inline const WireSpec kAllSpecs[] = {
+    {WireFormat::kBF16},
+    {WireFormat::kFP8},
+    {WireFormat::kMXFP8, ScaleRounding::kRceil},
+    {WireFormat::kMXFP8, ScaleRounding::kFloor},
+    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k1D},
+    {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D},
+};
+
+inline std::string name(const WireSpec& s) {
+  return to_string(s.format) + "/" + to_string(s.mx_rounding) + "/" + to_string(s.nvfp4_blocks);
+}
 
 // A host buffer aligned for the kernels' 16-byte accesses.
 class AlignedBytes {

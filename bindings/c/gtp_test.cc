@@ -261,7 +261,7 @@ TEST(CAbi, NullContextIsAnInvalidArgumentForEveryCall) {
 }
 
 TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
-  on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+  on_ranks(2, [](int, const gtp_bootstrap_callbacks_t& callbacks) {
     const std::string profile = profile_json(2, 2);  // G = 2, EG = 1
     gtp_context_t* ctx = create(callbacks, profile.c_str());
     ASSERT_NE(ctx, nullptr);

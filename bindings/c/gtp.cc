@@ -2,6 +2,7 @@
 // everything and maps it to a gtp_status_t; see docs/c-abi.md.
 #include "gtp/gtp.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -116,6 +117,16 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
   return status;
 }
 
+// A C enum's value as an int, read without an enum-typed load: C callers may pass any int, which
+// would be undefined behaviour to load as a C++ enum whose values do not cover it.
+template <typename Enum>
+int as_int(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized");
+  int result;
+  std::memcpy(&result, &value, sizeof(result));
+  return result;
+}
+
 void require(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
 }
@@ -189,19 +200,20 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
                                              "; rebuild against this library's header");
   }
   require(config->timeout_ms > 0, "timeout_ms is " + std::to_string(config->timeout_ms) + "; give a positive timeout");
-  if (config->backend == GTP_BACKEND_CUDA) {
+  const int backend = as_int(config->backend), bootstrap = as_int(config->bootstrap);
+  if (backend == GTP_BACKEND_CUDA) {
     throw StatusError(GTP_ERROR_CUDA, "the CUDA backend is not available through this libgtp build; use GTP_BACKEND_HOST");
   }
-  require(config->backend == GTP_BACKEND_HOST, "backend " + std::to_string(config->backend) + " is unknown; use GTP_BACKEND_HOST");
+  require(backend == GTP_BACKEND_HOST, "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST");
   const std::chrono::milliseconds timeout(config->timeout_ms);
 
   auto ctx = std::make_unique<gtp_context>();
-  if (config->bootstrap == GTP_BOOTSTRAP_CALLBACKS) {
+  if (bootstrap == GTP_BOOTSTRAP_CALLBACKS) {
     require(config->callbacks != nullptr, "bootstrap is GTP_BOOTSTRAP_CALLBACKS but callbacks is NULL");
     ctx->bootstrap = std::make_unique<gtp::comm::CallbackBootstrap>(*config->callbacks, timeout);
   } else {
-    require(config->bootstrap == GTP_BOOTSTRAP_UCX_FROM_ENV,
-            "bootstrap " + std::to_string(config->bootstrap) + " is unknown; use GTP_BOOTSTRAP_CALLBACKS or _UCX_FROM_ENV");
+    require(bootstrap == GTP_BOOTSTRAP_UCX_FROM_ENV,
+            "bootstrap " + std::to_string(bootstrap) + " is unknown; use GTP_BOOTSTRAP_CALLBACKS or _UCX_FROM_ENV");
     ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(gtp::comm::UcxBootstrapConfig::from_env());
   }
   ctx->rank = ctx->bootstrap->rank();
@@ -254,7 +266,7 @@ gtp_status_t copy_text(gtp_context_t* ctx, const char* call, char* buf, size_t c
 extern "C" {
 
 const char* gtp_status_string(gtp_status_t status) {
-  switch (status) {
+  switch (as_int(status)) {
     case GTP_SUCCESS: return "GTP_SUCCESS";
     case GTP_ERROR_INVALID_ARGUMENT: return "GTP_ERROR_INVALID_ARGUMENT";
     case GTP_ERROR_INVALID_STATE: return "GTP_ERROR_INVALID_STATE";
@@ -309,21 +321,22 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     gtp::remat::WeightDesc d;
     d.name = desc->name != nullptr ? desc->name : "";
     d.shard = desc->shard;
-    require(desc->dtype == GTP_DTYPE_BF16 || desc->dtype == GTP_DTYPE_FP32,
-            "dtype " + std::to_string(desc->dtype) + " is unknown; use GTP_DTYPE_BF16 or GTP_DTYPE_FP32");
-    d.dtype = desc->dtype == GTP_DTYPE_BF16 ? gtp::kernels::SourceDtype::kBF16 : gtp::kernels::SourceDtype::kFP32;
+    const int dtype = as_int(desc->dtype), wire = as_int(desc->wire), group = as_int(desc->group);
+    require(dtype == GTP_DTYPE_BF16 || dtype == GTP_DTYPE_FP32,
+            "dtype " + std::to_string(dtype) + " is unknown; use GTP_DTYPE_BF16 or GTP_DTYPE_FP32");
+    d.dtype = dtype == GTP_DTYPE_BF16 ? gtp::kernels::SourceDtype::kBF16 : gtp::kernels::SourceDtype::kFP32;
     d.rows = desc->rows;
     d.cols = desc->cols;
-    require(desc->wire >= GTP_WIRE_BF16 && desc->wire <= GTP_WIRE_NVFP4,
-            "wire " + std::to_string(desc->wire) + " is unknown; use GTP_WIRE_BF16, _FP8, _MXFP8 or _NVFP4");
-    d.wire.format = static_cast<gtp::kernels::WireFormat>(desc->wire);
-    require(desc->group == GTP_GROUP_GTP_REMAT || desc->group == GTP_GROUP_EXPERT_GTP_REMAT,
-            "group " + std::to_string(desc->group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
-    require(desc->group == GTP_GROUP_GTP_REMAT || ctx->sizes.expt_gtp_remat == ctx->sizes.world_size,
+    require(wire >= GTP_WIRE_BF16 && wire <= GTP_WIRE_NVFP4,
+            "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_BF16, _FP8, _MXFP8 or _NVFP4");
+    d.wire.format = static_cast<gtp::kernels::WireFormat>(wire);
+    require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
+            "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
+    require(group == GTP_GROUP_GTP_REMAT || ctx->sizes.expt_gtp_remat == ctx->sizes.world_size,
             "GTP_GROUP_EXPERT_GTP_REMAT has EG=" + std::to_string(ctx->sizes.expt_gtp_remat) +
                 " ranks but the host backend only runs groups spanning the world (" +
                 std::to_string(ctx->sizes.world_size) + ")");
-    d.group = desc->group;
+    d.group = group;
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);
     const WeightId id = ctx->runtime->register_weight(d);
@@ -355,8 +368,8 @@ gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t 
     const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
     require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
                                           std::to_string(expanded) + " (experts follow their leader)");
-    const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(phase),
-                                                              model_chunk, static_cast<gtp::remat::Layout>(layout), stream);
+    const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
+                                                              model_chunk, static_cast<gtp::remat::Layout>(as_int(layout)), stream);
     std::copy(ptrs.begin(), ptrs.end(), out_ptrs);
     *out_count = ptrs.size();
   });

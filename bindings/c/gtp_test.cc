@@ -181,6 +181,42 @@ void train_step(int world) {
 TEST(CAbi, TrainingStepWith2Ranks) { train_step(2); }
 TEST(CAbi, TrainingStepWith4Ranks) { train_step(4); }
 
+TEST(CAbi, ExpertGroupMaterializesEveryExpertAfterItsLeader) {
+  on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks);  // no profile: G = EG = 2
+    ASSERT_NE(ctx, nullptr);
+    std::vector<std::vector<uint16_t>> shards(2, std::vector<uint16_t>(32 * kCols));
+    gtp_weight_t experts[2];
+    for (int e = 0; e < 2; ++e) {
+      for (int64_t r = 0; r < 32 && rank * 32 + r < kRows; ++r)
+        for (int64_t c = 0; c < kCols; ++c) shards[e][r * kCols + c] = static_cast<uint16_t>(full_weight(rank * 32 + r, c) + e);
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      desc.name = e == 0 ? "expert0" : "expert1";
+      desc.shard = shards[e].data();
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
+      desc.expert_leader = e == 0 ? nullptr : &experts[0];
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &experts[e]), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, experts, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptrs[2] = {nullptr, nullptr};
+    size_t count = 0;
+    EXPECT_GTP_ERROR(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 1, &count, nullptr),
+                     GTP_ERROR_INVALID_ARGUMENT, ctx, "expand to 2");
+    ASSERT_EQ(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 2, &count, nullptr),
+              GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(count, 2u);
+    for (int e = 0; e < 2; ++e) {
+      const auto* full = static_cast<const uint16_t*>(ptrs[e]);
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < kCols; ++c) ASSERT_EQ(full[r * kCols + c], full_weight(r, c) + e) << e << ":" << r;
+    }
+    ASSERT_EQ(gtp_release(ctx, experts, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);

@@ -21,6 +21,7 @@ extern "C" {
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
 
+/* CUDA users: include cuda_runtime_api.h before this header. */
 #ifndef __CUDA_RUNTIME_API_H__
 typedef struct CUstream_st* cudaStream_t; /* NULL on the host backend */
 #endif

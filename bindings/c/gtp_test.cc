@@ -268,6 +268,26 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_STREQ(gtp_status_string(static_cast<gtp_status_t>(42)), "unknown gtp_status_t");
 }
 
+TEST(CAbi, BootstrapFailuresMapToTimeoutAndSystem) {
+  for (gtp_bootstrap_result_t result : {GTP_BOOTSTRAP_TIMEOUT, GTP_BOOTSTRAP_ERROR}) {
+    gtp_bootstrap_callbacks_t callbacks{};
+    callbacks.struct_size = sizeof(callbacks);
+    callbacks.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
+    callbacks.world_size = 2;
+    callbacks.user_data = &result;
+    callbacks.allgather = [](void* u, const void*, void*, size_t, int64_t) { return *static_cast<gtp_bootstrap_result_t*>(u); };
+    callbacks.broadcast = [](void* u, void*, size_t, int32_t, int64_t) { return *static_cast<gtp_bootstrap_result_t*>(u); };
+    callbacks.barrier = [](void* u, int64_t) { return *static_cast<gtp_bootstrap_result_t*>(u); };
+    callbacks.last_error = [](void*) { return "the store is gone"; };
+    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+    config.callbacks = &callbacks;
+    gtp_context_t* out = nullptr;
+    EXPECT_GTP_ERROR(gtp_context_create(&config, &out),
+                     result == GTP_BOOTSTRAP_TIMEOUT ? GTP_ERROR_TIMEOUT : GTP_ERROR_SYSTEM, nullptr, "the store is gone");
+    EXPECT_EQ(out, nullptr);
+  }
+}
+
 TEST(CAbi, NullContextIsAnInvalidArgumentForEveryCall) {
   gtp_weight_t w{};
   void* ptr = nullptr;

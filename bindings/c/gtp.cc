@@ -1,0 +1,421 @@
+// The C ABI of include/gtp/gtp.h over remat::Runtime on the host backend. Every entry point catches
+// everything and maps it to a gtp_status_t; see docs/c-abi.md.
+#include "gtp/gtp.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/callback_bootstrap.h"
+#include "comm/errors.h"
+#include "comm/host.h"
+#include "comm/ucx_bootstrap.h"
+#include "remat/host_backend.h"
+#include "remat/runtime.h"
+#include "topology/arithmetic.h"
+#include "topology/profile.h"
+
+namespace {
+
+using gtp::remat::WeightId;
+
+// Misuse of call order or handle lifetime: GTP_ERROR_INVALID_STATE.
+class StateError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// A failure with an explicit status (version mismatch, CUDA unavailable).
+class StatusError : public std::runtime_error {
+ public:
+  StatusError(gtp_status_t status, const std::string& message) : std::runtime_error(message), status(status) {}
+  gtp_status_t status;
+};
+
+std::atomic<std::uint64_t> next_generation{1};
+thread_local std::string context_free_error;  // failures with no context: create, a null ctx
+
+}  // namespace
+
+struct gtp_context {
+  std::uint64_t generation = 0;
+  std::string last_error;
+  bool aborted = false;
+  int rank = 0;
+  gtp::topology::ParallelSizes sizes;
+  gtp_grad_ready_fn grad_ready = nullptr;
+  void* grad_ready_user_data = nullptr;
+  // Destroyed bottom-up: the runtime before its backend, communicators and bootstrap.
+  std::unique_ptr<gtp::comm::Bootstrap> bootstrap;
+  std::unique_ptr<gtp::comm::HostComm> comm;
+  std::unique_ptr<gtp::remat::HostBackend> backend;
+  std::unique_ptr<gtp::remat::Runtime> runtime;
+};
+
+namespace {
+
+// How std::invalid_argument from the runtime is reported: release and finalize raise it only for
+// call-order misuse once their handles and arguments have been checked here.
+enum class InvalidArgumentIs { kArgument, kState };
+
+template <typename Body>
+gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
+                     InvalidArgumentIs invalid = InvalidArgumentIs::kArgument) {
+  std::string* error = ctx != nullptr ? &ctx->last_error : &context_free_error;
+  gtp_status_t status = GTP_SUCCESS;
+  std::string message;
+  try {
+    if (ctx != nullptr && ctx->aborted) throw StateError("the context was aborted; destroy it");
+    body();
+  } catch (const StatusError& e) {
+    status = e.status;
+    message = e.what();
+  } catch (const StateError& e) {
+    status = GTP_ERROR_INVALID_STATE;
+    message = e.what();
+  } catch (const std::invalid_argument& e) {
+    status = invalid == InvalidArgumentIs::kState ? GTP_ERROR_INVALID_STATE : GTP_ERROR_INVALID_ARGUMENT;
+    message = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    status = GTP_ERROR_INVALID_ARGUMENT;
+    message = e.what();
+  } catch (const gtp::comm::CommError& e) {
+    status = e.timed_out() ? GTP_ERROR_TIMEOUT : GTP_ERROR_SYSTEM;
+    message = e.what();
+  } catch (const std::runtime_error& e) {
+    status = GTP_ERROR_SYSTEM;
+    message = e.what();
+  } catch (const std::bad_alloc& e) {
+    status = GTP_ERROR_SYSTEM;
+    message = std::string("out of host memory: ") + e.what();
+  } catch (const std::exception& e) {
+    status = GTP_ERROR_INTERNAL;
+    message = e.what();
+  } catch (...) {
+    status = GTP_ERROR_INTERNAL;
+    message = "unknown exception";
+  }
+  if (status != GTP_SUCCESS) {
+    try {
+      *error = std::string(call) + ": " + message;
+    } catch (...) {
+      error->clear();
+    }
+  } else {
+    error->clear();
+  }
+  return status;
+}
+
+// A C enum's value as an int, read without an enum-typed load: C callers may pass any int, which
+// would be undefined behaviour to load as a C++ enum whose values do not cover it.
+template <typename Enum>
+int as_int(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized");
+  int result;
+  std::memcpy(&result, &value, sizeof(result));
+  return result;
+}
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+// A context's entry point: a null ctx is INVALID_ARGUMENT with the message kept per thread.
+template <typename Body>
+gtp_status_t on_context(gtp_context_t* ctx, const char* call, Body&& body,
+                        InvalidArgumentIs invalid = InvalidArgumentIs::kArgument) {
+  if (ctx == nullptr) {
+    return guarded(nullptr, call, [] { throw std::invalid_argument("ctx is NULL; pass a context from gtp_context_create"); });
+  }
+  return guarded(ctx, call, body, invalid);
+}
+
+WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
+  if (w.generation != ctx.generation) {
+    throw StateError("weight handle (id " + std::to_string(w.id) + ", generation " + std::to_string(w.generation) +
+                     ") was issued by another context, one since destroyed, or never (this context's generation is " +
+                     std::to_string(ctx.generation) + ")");
+  }
+  if (!ctx.runtime->registry().contains(w.id)) {
+    throw StateError("weight id " + std::to_string(w.id) + " is not registered (unregistered already?)");
+  }
+  return w.id;
+}
+
+// The ids of ws[0..n), each listed once.
+std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n) {
+  require(ws != nullptr || n == 0, "ws is NULL but n is " + std::to_string(n));
+  std::vector<WeightId> ids;
+  std::set<WeightId> seen;
+  for (size_t i = 0; i < n; ++i) {
+    ids.push_back(id_of(ctx, ws[i]));
+    require(seen.insert(ids.back()).second, "weight id " + std::to_string(ids.back()) + " is listed twice; list each weight once");
+  }
+  return ids;
+}
+
+void check_struct_size(size_t given, size_t expected, const char* type) {
+  require(given == expected, std::string(type) + ".struct_size is " + std::to_string(given) + " but this library expects " +
+                                 std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
+}
+
+gtp::topology::ParallelSizes sizes_for(const gtp_context_config_t& config, int world_size) {
+  require(config.profile_json == nullptr || config.profile_path == nullptr,
+          "both profile_json and profile_path are set; give at most one");
+  if (config.profile_json == nullptr && config.profile_path == nullptr) {
+    gtp::topology::ParallelConfig parallel;
+    parallel.world_size = world_size;
+    parallel.tensor_parallel_num_weight_shards = world_size;
+    parallel.expert_tensor_parallel_num_weight_shards = world_size;
+    return gtp::topology::derive_sizes(parallel);
+  }
+  const gtp::topology::Profile profile =
+      config.profile_json != nullptr ? gtp::topology::parse_profile(nlohmann::json::parse(config.profile_json), ".")
+                                     : gtp::topology::load_profile(config.profile_path);
+  require(profile.sizes.world_size == world_size, "the profile's world_size is " + std::to_string(profile.sizes.world_size) +
+                                                      " but the bootstrap has " + std::to_string(world_size) + " ranks");
+  return profile.sizes;
+}
+
+void create(const gtp_context_config_t* config, gtp_context_t** out) {
+  require(config != nullptr, "config is NULL; pass a gtp_context_config_t from GTP_CONTEXT_CONFIG_INITIALIZER");
+  require(out != nullptr, "out is NULL");
+  check_struct_size(config->struct_size, sizeof(gtp_context_config_t), "gtp_context_config_t");
+  const std::uint32_t major = config->header_version / 10000, minor = config->header_version / 100 % 100;
+  if (major != GTP_VERSION_MAJOR || minor != GTP_VERSION_MINOR) {
+    throw StatusError(GTP_ERROR_VERSION, "the caller was compiled against gtp.h " + std::to_string(major) + "." +
+                                             std::to_string(minor) + " but this libgtp is " +
+                                             std::to_string(GTP_VERSION_MAJOR) + "." + std::to_string(GTP_VERSION_MINOR) +
+                                             "; rebuild against this library's header");
+  }
+  require(config->timeout_ms > 0, "timeout_ms is " + std::to_string(config->timeout_ms) + "; give a positive timeout");
+  const int backend = as_int(config->backend), bootstrap = as_int(config->bootstrap);
+  if (backend == GTP_BACKEND_CUDA) {
+    throw StatusError(GTP_ERROR_CUDA, "the CUDA backend is not available through this libgtp build; use GTP_BACKEND_HOST");
+  }
+  require(backend == GTP_BACKEND_HOST, "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST");
+  const std::chrono::milliseconds timeout(config->timeout_ms);
+
+  auto ctx = std::make_unique<gtp_context>();
+  if (bootstrap == GTP_BOOTSTRAP_CALLBACKS) {
+    require(config->callbacks != nullptr, "bootstrap is GTP_BOOTSTRAP_CALLBACKS but callbacks is NULL");
+    ctx->bootstrap = std::make_unique<gtp::comm::CallbackBootstrap>(*config->callbacks, timeout);
+  } else {
+    require(bootstrap == GTP_BOOTSTRAP_UCX_FROM_ENV,
+            "bootstrap " + std::to_string(bootstrap) + " is unknown; use GTP_BOOTSTRAP_CALLBACKS or _UCX_FROM_ENV");
+    ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(gtp::comm::UcxBootstrapConfig::from_env());
+  }
+  ctx->rank = ctx->bootstrap->rank();
+  ctx->sizes = sizes_for(*config, ctx->bootstrap->world_size());
+  const gtp::topology::ParallelSizes& s = ctx->sizes;
+  require(s.tp == 1 && s.gtp_remat == s.world_size,
+          "the host backend runs one weight-remat group spanning the world (TP=1, G=world_size), but the sizes are TP=" +
+              std::to_string(s.tp) + ", G=" + std::to_string(s.gtp_remat) + ", world_size=" + std::to_string(s.world_size) +
+              "; sub-group splitting is not supported on the host backend yet");
+
+  ctx->comm = std::make_unique<gtp::comm::HostComm>(*ctx->bootstrap, timeout);
+  std::vector<gtp::comm::HostComm*> groups = {ctx->comm.get()};
+  if (s.expt_gtp_remat == s.world_size) groups.push_back(ctx->comm.get());  // GTP_GROUP_EXPERT_GTP_REMAT
+  ctx->backend = std::make_unique<gtp::remat::HostBackend>(groups);
+
+  gtp::remat::RuntimeConfig runtime;
+  runtime.depth = config->prefetch_depth;
+  runtime.cache.budget_bytes = config->memory_budget_bytes;
+  runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
+  runtime.trace_spans = config->trace_spans;
+  ctx->generation = next_generation.fetch_add(1);
+  ctx->grad_ready = config->grad_ready;
+  ctx->grad_ready_user_data = config->grad_ready_user_data;
+  if (ctx->grad_ready != nullptr) {
+    gtp_context* raw = ctx.get();
+    runtime.grads.grad_ready = [raw](WeightId id) { raw->grad_ready(raw->grad_ready_user_data, gtp_weight_t{id, raw->generation}); };
+  }
+  ctx->runtime = std::make_unique<gtp::remat::Runtime>(*ctx->backend, runtime);
+  *out = ctx.release();
+}
+
+gtp_status_t copy_text(gtp_context_t* ctx, const char* call, char* buf, size_t cap, size_t* len,
+                       std::string (*text)(const gtp_context&)) {
+  return on_context(ctx, call, [&] {
+    require(len != nullptr, "len is NULL");
+    require(buf != nullptr || cap == 0, "buf is NULL but cap is " + std::to_string(cap));
+    const std::string s = text(*ctx);
+    if (cap <= s.size()) {
+      *len = s.size();
+      throw std::invalid_argument("the buffer holds " + std::to_string(cap) + " bytes but the text needs " +
+                                  std::to_string(s.size() + 1) + " with its NUL; *len has the length");
+    }
+    std::memcpy(buf, s.c_str(), s.size() + 1);
+    *len = s.size();
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* gtp_status_string(gtp_status_t status) {
+  switch (as_int(status)) {
+    case GTP_SUCCESS: return "GTP_SUCCESS";
+    case GTP_ERROR_INVALID_ARGUMENT: return "GTP_ERROR_INVALID_ARGUMENT";
+    case GTP_ERROR_INVALID_STATE: return "GTP_ERROR_INVALID_STATE";
+    case GTP_ERROR_TIMEOUT: return "GTP_ERROR_TIMEOUT";
+    case GTP_ERROR_SYSTEM: return "GTP_ERROR_SYSTEM";
+    case GTP_ERROR_CUDA: return "GTP_ERROR_CUDA";
+    case GTP_ERROR_VERSION: return "GTP_ERROR_VERSION";
+    case GTP_ERROR_INTERNAL: return "GTP_ERROR_INTERNAL";
+  }
+  return "unknown gtp_status_t";
+}
+
+const char* gtp_last_error(const gtp_context_t* ctx) {
+  return ctx != nullptr ? ctx->last_error.c_str() : context_free_error.c_str();
+}
+
+gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out) {
+  return guarded(nullptr, "gtp_context_create", [&] { create(config, out); });
+}
+
+gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
+  if (ctx == nullptr) return GTP_SUCCESS;
+  const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
+    ctx->runtime.reset();
+    ctx->backend.reset();
+    ctx->comm.reset();
+  });
+  delete ctx;
+  return status;
+}
+
+gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
+  return on_context(ctx, "gtp_context_abort", [&] { ctx->aborted = true; });
+}
+
+gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
+  return on_context(ctx, "gtp_context_sizes", [&] {
+    require(out != nullptr, "out is NULL");
+    check_struct_size(out->struct_size, sizeof(gtp_sizes_t), "gtp_sizes_t");
+    const gtp::topology::ParallelSizes& s = ctx->sizes;
+    const gtp::topology::DataParallelRank data = gtp::topology::data_parallel_rank(s, ctx->rank);
+    *out = gtp_sizes_t{sizeof(gtp_sizes_t), ctx->rank, s.world_size, s.tp, s.gtp_remat, s.expt_gtp_remat, s.dp,
+                       data.index, data.count};
+  });
+}
+
+gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out) {
+  return on_context(ctx, "gtp_weight_register", [&] {
+    require(desc != nullptr, "desc is NULL");
+    require(out != nullptr, "out is NULL");
+    check_struct_size(desc->struct_size, sizeof(gtp_weight_desc_t), "gtp_weight_desc_t");
+    gtp::remat::WeightDesc d;
+    d.name = desc->name != nullptr ? desc->name : "";
+    d.shard = desc->shard;
+    const int dtype = as_int(desc->dtype), wire = as_int(desc->wire), group = as_int(desc->group);
+    require(dtype == GTP_DTYPE_BF16 || dtype == GTP_DTYPE_FP32,
+            "dtype " + std::to_string(dtype) + " is unknown; use GTP_DTYPE_BF16 or GTP_DTYPE_FP32");
+    d.dtype = dtype == GTP_DTYPE_BF16 ? gtp::kernels::SourceDtype::kBF16 : gtp::kernels::SourceDtype::kFP32;
+    d.rows = desc->rows;
+    d.cols = desc->cols;
+    require(wire >= GTP_WIRE_BF16 && wire <= GTP_WIRE_NVFP4,
+            "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_BF16, _FP8, _MXFP8 or _NVFP4");
+    d.wire.format = static_cast<gtp::kernels::WireFormat>(wire);
+    require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
+            "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
+    require(group == GTP_GROUP_GTP_REMAT || ctx->sizes.expt_gtp_remat == ctx->sizes.world_size,
+            "GTP_GROUP_EXPERT_GTP_REMAT has EG=" + std::to_string(ctx->sizes.expt_gtp_remat) +
+                " ranks but the host backend only runs groups spanning the world (" +
+                std::to_string(ctx->sizes.world_size) + ")");
+    d.group = group;
+    d.main_grad = desc->main_grad;
+    if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);
+    const WeightId id = ctx->runtime->register_weight(d);
+    *out = gtp_weight_t{id, ctx->generation};
+  });
+}
+
+gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
+  return on_context(ctx, "gtp_weight_unregister", [&] { ctx->runtime->unregister_weight(id_of(*ctx, w)); },
+                    InvalidArgumentIs::kState);
+}
+
+gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t) {
+  return on_context(ctx, "gtp_weights_shard_updated", [&] {
+    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+  });
+}
+
+gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,
+                             int32_t model_chunk, gtp_layout_t layout, void** out_ptrs, size_t out_capacity,
+                             size_t* out_count, cudaStream_t stream) {
+  return on_context(ctx, "gtp_materialize", [&] {
+    require(n > 0, "n is 0; materialize at least one weight");
+    require(out_ptrs != nullptr, "out_ptrs is NULL");
+    require(out_count != nullptr, "out_count is NULL");
+    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    const std::int64_t count = static_cast<std::int64_t>(ids.size());
+    const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
+    require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
+                                          std::to_string(expanded) + " (experts follow their leader)");
+    const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
+                                                              model_chunk, static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    std::copy(ptrs.begin(), ptrs.end(), out_ptrs);
+    *out_count = ptrs.size();
+  });
+}
+
+gtp_status_t gtp_release(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream) {
+  std::vector<WeightId> ids;
+  const gtp_status_t status = on_context(ctx, "gtp_release", [&] { ids = ids_of(*ctx, ws, n); });
+  if (status != GTP_SUCCESS) return status;
+  return on_context(ctx, "gtp_release", [&] {
+    ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+  }, InvalidArgumentIs::kState);
+}
+
+gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cudaStream_t stream) {
+  return on_context(ctx, "gtp_grad_buffer", [&] {
+    require(out != nullptr, "out is NULL");
+    *out = ctx->runtime->grad_buffer(id_of(*ctx, w), stream);
+  });
+}
+
+gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, int32_t last_microbatch,
+                          cudaStream_t stream) {
+  std::vector<WeightId> ids;
+  const gtp_status_t status = on_context(ctx, "gtp_finalize", [&] { ids = ids_of(*ctx, ws, n); });
+  if (status != GTP_SUCCESS) return status;
+  return on_context(ctx, "gtp_finalize", [&] {
+    ctx->runtime->finalize(ids.data(), static_cast<std::int64_t>(ids.size()), last_microbatch != 0, stream);
+  }, InvalidArgumentIs::kState);
+}
+
+gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
+  return on_context(ctx, "gtp_drain", [&] { ctx->runtime->drain(stream); });
+}
+
+gtp_status_t gtp_reset_chains(gtp_context_t* ctx) {
+  return on_context(ctx, "gtp_reset_chains", [&] { ctx->runtime->reset_chains(); });
+}
+
+gtp_status_t gtp_stats_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {
+  return copy_text(ctx, "gtp_stats_json", buf, cap, len, [](const gtp_context& c) { return c.runtime->stats_json(); });
+}
+
+gtp_status_t gtp_trace_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {
+  return copy_text(ctx, "gtp_trace_json", buf, cap, len,
+                   [](const gtp_context& c) { return c.runtime->chrome_trace(c.rank); });
+}
+
+}  // extern "C"

@@ -1,0 +1,117 @@
+/* The C ABI from C99 on one rank (a single-process callbacks bootstrap): a weight round trip through
+ * materialize, its gradient through finalize and drain, stats, and misuse statuses. */
+#include "gtp/gtp.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int failures = 0;
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                     \
+    }                                                                 \
+  } while (0)
+
+#define CHECK_STATUS(call, expected, ctx)                                                          \
+  do {                                                                                             \
+    gtp_status_t status_ = (call);                                                                 \
+    if (status_ != (expected)) {                                                                   \
+      fprintf(stderr, "%s:%d: %s returned %s (%s), expected %s\n", __FILE__, __LINE__, #call,      \
+              gtp_status_string(status_), gtp_last_error(ctx), gtp_status_string(expected));       \
+      ++failures;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+/* One rank: every collective is a copy. */
+static gtp_bootstrap_result_t allgather(void* user, const void* send, void* recv, size_t bytes, int64_t timeout_ms) {
+  (void)user;
+  (void)timeout_ms;
+  memcpy(recv, send, bytes);
+  return GTP_BOOTSTRAP_OK;
+}
+static gtp_bootstrap_result_t broadcast(void* user, void* buffer, size_t bytes, int32_t root, int64_t timeout_ms) {
+  (void)user, (void)buffer, (void)bytes, (void)root, (void)timeout_ms;
+  return GTP_BOOTSTRAP_OK;
+}
+static gtp_bootstrap_result_t barrier(void* user, int64_t timeout_ms) {
+  (void)user, (void)timeout_ms;
+  return GTP_BOOTSTRAP_OK;
+}
+
+#define ROWS 32
+#define COLS 32
+
+int main(void) {
+  gtp_bootstrap_callbacks_t callbacks;
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  gtp_context_t* ctx = NULL;
+  gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
+  gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+  gtp_weight_t w;
+  static uint16_t shard[ROWS * COLS];
+  static float main_grad[ROWS * COLS];
+  void* full = NULL;
+  float* grad = NULL;
+  size_t count = 0, len = 0, i;
+  char stats[8192];
+
+  memset(&callbacks, 0, sizeof callbacks);
+  callbacks.struct_size = sizeof callbacks;
+  callbacks.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
+  callbacks.rank = 0;
+  callbacks.world_size = 1;
+  callbacks.allgather = allgather;
+  callbacks.broadcast = broadcast;
+  callbacks.barrier = barrier;
+  config.callbacks = &callbacks;
+
+  config.header_version = GTP_HEADER_VERSION + 100;
+  CHECK_STATUS(gtp_context_create(&config, &ctx), GTP_ERROR_VERSION, NULL);
+  CHECK(ctx == NULL);
+  CHECK(strstr(gtp_last_error(NULL), "compiled against") != NULL);
+  config.header_version = GTP_HEADER_VERSION;
+  CHECK_STATUS(gtp_context_create(&config, &ctx), GTP_SUCCESS, NULL);
+  if (ctx == NULL) return 1;
+
+  CHECK_STATUS(gtp_context_sizes(ctx, &sizes), GTP_SUCCESS, ctx);
+  CHECK(sizes.world_size == 1 && sizes.gtp_remat == 1 && sizes.data_parallel_count == 1);
+
+  for (i = 0; i < ROWS * COLS; ++i) shard[i] = (uint16_t)(0x3F80 + i % 61);
+  desc.name = "c_weight";
+  desc.shard = shard;
+  desc.rows = ROWS;
+  desc.cols = COLS;
+  desc.main_grad = main_grad;
+  CHECK_STATUS(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_weights_shard_updated(ctx, &w, 1, NULL), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_release(ctx, &w, 1, NULL), GTP_ERROR_INVALID_STATE, ctx);
+  CHECK_STATUS(gtp_materialize(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &full, 1, &count, NULL), GTP_SUCCESS,
+               ctx);
+  CHECK(count == 1 && full != NULL && memcmp(full, shard, sizeof shard) == 0);
+  CHECK_STATUS(gtp_release(ctx, &w, 1, NULL), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_release(ctx, &w, 1, NULL), GTP_ERROR_INVALID_STATE, ctx);
+
+  CHECK_STATUS(gtp_finalize(ctx, &w, 1, 1, NULL), GTP_ERROR_INVALID_STATE, ctx);
+  CHECK_STATUS(gtp_grad_buffer(ctx, w, &grad, NULL), GTP_SUCCESS, ctx);
+  for (i = 0; grad != NULL && i < ROWS * COLS; ++i) grad[i] = (float)i;
+  CHECK_STATUS(gtp_finalize(ctx, &w, 1, 1, NULL), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_drain(ctx, NULL), GTP_SUCCESS, ctx);
+  for (i = 0; i < ROWS * COLS; ++i) CHECK(main_grad[i] == (float)i);
+
+  CHECK_STATUS(gtp_stats_json(ctx, stats, 1, &len), GTP_ERROR_INVALID_ARGUMENT, ctx);
+  CHECK(len > 1 && len < sizeof stats);
+  CHECK_STATUS(gtp_stats_json(ctx, stats, sizeof stats, &len), GTP_SUCCESS, ctx);
+  CHECK(strlen(stats) == len && stats[0] == '{');
+
+  CHECK_STATUS(gtp_weight_unregister(ctx, w), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_grad_buffer(ctx, w, &grad, NULL), GTP_ERROR_INVALID_STATE, ctx);
+  CHECK(strstr(gtp_last_error(ctx), "not registered") != NULL);
+  CHECK_STATUS(gtp_drain(NULL, NULL), GTP_ERROR_INVALID_ARGUMENT, NULL);
+  CHECK_STATUS(gtp_context_destroy(ctx), GTP_SUCCESS, NULL);
+
+  if (failures != 0) fprintf(stderr, "%d checks failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,146 @@
+/* libgtp C ABI: materialize GTP-sharded weights, reduce their gradients. C99; see docs/c-abi.md.
+ *
+ * Conventions: every call returns a gtp_status_t; outputs are written only on GTP_SUCCESS; config and
+ * descriptor structs start with `size_t struct_size` (set it with the *_INITIALIZER macros); calls that
+ * enqueue work take the stream last; a failed call leaves its message in gtp_last_error(ctx). */
+#ifndef GTP_GTP_H_
+#define GTP_GTP_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "comm/bootstrap_callbacks.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GTP_VERSION_MAJOR 0
+#define GTP_VERSION_MINOR 1
+#define GTP_VERSION_PATCH 0
+/* What a caller passes to gtp_context_create: the header version it was compiled against. */
+#define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
+
+/* CUDA users: include cuda_runtime_api.h before this header. */
+#ifndef __CUDA_RUNTIME_API_H__
+typedef struct CUstream_st* cudaStream_t; /* NULL on the host backend */
+#endif
+
+typedef enum {
+  GTP_SUCCESS = 0,
+  GTP_ERROR_INVALID_ARGUMENT = 1, /* a bad value: null pointer, size, shape, unknown enum, stale handle */
+  GTP_ERROR_INVALID_STATE = 2,    /* misuse of the call order or of a handle's lifetime */
+  GTP_ERROR_TIMEOUT = 3,          /* a peer did not take part in time */
+  GTP_ERROR_SYSTEM = 4,           /* the environment failed (transport, memory, a dead peer) */
+  GTP_ERROR_CUDA = 5,             /* a CUDA or NCCL failure, or CUDA unavailable */
+  GTP_ERROR_VERSION = 6,          /* header and library versions differ */
+  GTP_ERROR_INTERNAL = 7          /* a bug in libgtp */
+} gtp_status_t;
+
+/* A static string naming the status ("GTP_ERROR_TIMEOUT"); "unknown gtp_status_t" otherwise. */
+const char* gtp_status_string(gtp_status_t status);
+
+typedef struct gtp_context gtp_context_t;
+
+typedef enum { GTP_BOOTSTRAP_CALLBACKS = 0, GTP_BOOTSTRAP_UCX_FROM_ENV = 1 } gtp_bootstrap_kind_t;
+typedef enum { GTP_BACKEND_HOST = 0, GTP_BACKEND_CUDA = 1 } gtp_backend_t;
+
+/* A registered weight: its id and the generation of the context that issued it. */
+typedef struct {
+  int64_t id;
+  uint64_t generation;
+} gtp_weight_t;
+
+/* Runs on the host, on the thread of the call that applied the weight's main-grad add. */
+typedef void (*gtp_grad_ready_fn)(void* user_data, gtp_weight_t weight);
+
+typedef struct {
+  size_t struct_size;                  /* sizeof(gtp_context_config_t) */
+  uint32_t header_version;             /* GTP_HEADER_VERSION */
+  gtp_bootstrap_kind_t bootstrap;
+  const gtp_bootstrap_callbacks_t* callbacks; /* GTP_BOOTSTRAP_CALLBACKS: copied, used during create only */
+  int64_t timeout_ms;                  /* bootstrap and collective timeout, > 0 */
+  gtp_backend_t backend;
+  const char* profile_json;            /* profile text, or NULL */
+  const char* profile_path;            /* profile file, or NULL; at most one of the two */
+  int32_t prefetch_depth;              /* chain entries gathered ahead, 0..64 */
+  int64_t memory_budget_bytes;         /* cache budget, 0: unlimited */
+  int32_t accumulate_microbatches;     /* nonzero: reduce wgrads once per step */
+  size_t trace_spans;                  /* spans kept for gtp_trace_json, 0: none */
+  gtp_grad_ready_fn grad_ready;        /* optional: called after a weight's main-grad add */
+  void* grad_ready_user_data;
+} gtp_context_config_t;
+
+#define GTP_CONTEXT_CONFIG_INITIALIZER \
+  { sizeof(gtp_context_config_t), GTP_HEADER_VERSION, GTP_BOOTSTRAP_CALLBACKS, NULL, 60000, GTP_BACKEND_HOST, \
+    NULL, NULL, 1, 0, 0, 0, NULL, NULL }
+
+/* Collective over the bootstrap's ranks. */
+gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);
+/* Collective; NULL is accepted. Handles of the context become stale. */
+gtp_status_t gtp_context_destroy(gtp_context_t* ctx);
+/* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE). */
+gtp_status_t gtp_context_abort(gtp_context_t* ctx);
+/* The message of the context's latest failure ("" if none); valid until the next call on ctx. */
+const char* gtp_last_error(const gtp_context_t* ctx);
+
+typedef struct {
+  size_t struct_size;
+  int32_t rank, world_size;
+  int32_t tp, gtp_remat, expert_gtp_remat, dp; /* TP, G, EG, DP */
+  int32_t data_parallel_index, data_parallel_count; /* this rank among the DP x G data readers */
+} gtp_sizes_t;
+
+#define GTP_SIZES_INITIALIZER { sizeof(gtp_sizes_t), 0, 0, 0, 0, 0, 0, 0, 0 }
+
+gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out);
+
+typedef enum { GTP_DTYPE_BF16 = 0, GTP_DTYPE_FP32 = 1 } gtp_dtype_t;
+typedef enum { GTP_WIRE_BF16 = 0, GTP_WIRE_FP8 = 1, GTP_WIRE_MXFP8 = 2, GTP_WIRE_NVFP4 = 3 } gtp_wire_t;
+typedef enum { GTP_GROUP_GTP_REMAT = 0, GTP_GROUP_EXPERT_GTP_REMAT = 1 } gtp_group_t;
+typedef enum { GTP_PHASE_FORWARD = 0, GTP_PHASE_BACKWARD = 1, GTP_PHASE_RECOMPUTE = 2 } gtp_phase_t;
+typedef enum { GTP_LAYOUT_BF16 = 0 } gtp_layout_t;
+
+typedef struct {
+  size_t struct_size;
+  const char* name;
+  const void* shard;       /* this rank's valid_rows x cols of dtype; NULL if it holds only padding */
+  gtp_dtype_t dtype;
+  int64_t rows, cols;      /* TP-local weight */
+  gtp_wire_t wire;
+  gtp_group_t group;
+  float* main_grad;        /* FP32 valid_rows x cols, or NULL */
+  const gtp_weight_t* expert_leader; /* NULL, or the first expert of this weight's group */
+} gtp_weight_desc_t;
+
+#define GTP_WEIGHT_DESC_INITIALIZER \
+  { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_BF16, GTP_GROUP_GTP_REMAT, NULL, NULL }
+
+gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out);
+gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w);
+/* Collective re-pack after the optimizer changed the shards. */
+gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream);
+
+/* Writes one pointer per expanded weight (experts after their leader) and their count to *out_count. */
+gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,
+                             int32_t model_chunk, gtp_layout_t layout, void** out_ptrs, size_t out_capacity,
+                             size_t* out_count, cudaStream_t stream);
+gtp_status_t gtp_release(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream);
+
+/* FP32 rows x cols wgrad buffer of w, to be filled before gtp_finalize. */
+gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cudaStream_t stream);
+gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, int32_t last_microbatch,
+                          cudaStream_t stream);
+gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
+gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
+
+/* JSON text with its terminating NUL. *len gets the length without the NUL; when cap <= *len the
+ * call fails with GTP_ERROR_INVALID_ARGUMENT, writes nothing to buf and still sets *len. */
+gtp_status_t gtp_stats_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len);
+gtp_status_t gtp_trace_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GTP_GTP_H_ */

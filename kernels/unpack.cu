@@ -26,71 +26,64 @@ struct Chunks {
   }
 };
 
-__device__ __forceinline__ void store_bf16x16(uint16_t* out, const float* v) {
-  uint4 a, b;
-  a.x = pack_bf16x2(v[0], v[1]);
-  a.y = pack_bf16x2(v[2], v[3]);
-  a.z = pack_bf16x2(v[4], v[5]);
-  a.w = pack_bf16x2(v[6], v[7]);
-  b.x = pack_bf16x2(v[8], v[9]);
-  b.y = pack_bf16x2(v[10], v[11]);
-  b.z = pack_bf16x2(v[12], v[13]);
-  b.w = pack_bf16x2(v[14], v[15]);
-  reinterpret_cast<uint4*>(out)[0] = a;
-  reinterpret_cast<uint4*>(out)[1] = b;
-}
-
-// Each thread decodes kUnroll groups of 16 output elements of a row per step, with all their
-// loads issued first. Format is a template parameter so each kernel carries only its own decode.
+// Each thread decodes kUnroll groups of kElems output elements of a row per step, with all their
+// loads issued first. FP8 and MXFP8 groups are 8 elements: a group's BF16 outputs are one 16-byte
+// store and neighbouring lanes take neighbouring groups, so each warp store instruction writes
+// 512 contiguous bytes. With 16-element groups (two 16-byte stores 32 bytes apart) each
+// instruction covered half of every sector it touched, and the partial writes cost up to twice
+// the L2 write traffic (ncu, v7 in perf-notes). NVFP4 keeps 16-element groups: its decode is
+// ALU-bound, and 8-element groups, which double the per-group index work, measured slower.
+// Format is a template parameter so each kernel carries only its own decode.
 template <WireFormat kFormat>
 __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
-  constexpr int kUnroll = kFormat == WireFormat::kNVFP4 ? 4 : 2;
+  constexpr int kUnroll = 4;
+  constexpr int kElems = kFormat == WireFormat::kNVFP4 ? 16 : 8;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    uint16_t* out_row = out + r * in.cols;
+    uint4* out_row = reinterpret_cast<uint4*>(out + r * in.cols);
     const float chunk_scale = kFormat == WireFormat::kMXFP8 ? 0.0f : in.decode_scale(chunk);
-    const int64_t n = grid.items_per_row;
+    const int64_t n = grid.items_per_row;  // groups of kElems elements, 8 code bytes each
+    const uint8_t* code_row = chunk + local * in.cols / (kFormat == WireFormat::kNVFP4 ? 2 : 1);
     for (int64_t first = lane; first < n; first += team * kUnroll) {
-      uint4 codes[kUnroll];
+      uint2 codes[kUnroll];  // 8 E4M3 codes, or 16 E2M1 codes
       uint8_t scale_codes[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t item = first + u * team;
         if (item >= n) break;
-        if (kFormat == WireFormat::kNVFP4) {
-          const uint2 half = __ldg(reinterpret_cast<const uint2*>(chunk + local * in.cols / 2) + item);
-          codes[u] = make_uint4(half.x, half.y, 0u, 0u);
-          scale_codes[u] = __ldg(chunk + in.scales_offset + (blocks_2d ? (local / 16) * n : local * n) + item);
-        } else {
-          codes[u] = __ldg(reinterpret_cast<const uint4*>(chunk + local * in.cols) + item);
-          if (kFormat == WireFormat::kMXFP8)
-            scale_codes[u] = __ldg(chunk + in.scales_offset + local * (in.cols / 32) + item / 2);
-        }
+        codes[u] = __ldg(reinterpret_cast<const uint2*>(code_row) + item);
+        if (kFormat == WireFormat::kNVFP4)
+          scale_codes[u] =
+              __ldg(chunk + in.scales_offset + (blocks_2d ? (local / 16) * n : local * n) + item);
+        if (kFormat == WireFormat::kMXFP8)
+          scale_codes[u] = __ldg(chunk + in.scales_offset + local * (in.cols / 32) + item / 4);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t item = first + u * team;
         if (item >= n) break;
-        float v[16];
+        float v[kElems];
         if (kFormat == WireFormat::kNVFP4) {
           const float block_scale = e4m3_to_float(scale_codes[u]);
           const uint32_t words[2] = {codes[u].x, codes[u].y};
           // (q * s_b) * S_dec, as codec::nvfp4_decode orders it.
 #pragma unroll
-          for (int k = 0; k < 16; ++k)
+          for (int k = 0; k < kElems; ++k)
             v[k] = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
         } else {
           const float scale =
               kFormat == WireFormat::kFP8 ? chunk_scale : e8m0_to_float(scale_codes[u]);
           e4m3x4_to_float(codes[u].x, v);
           e4m3x4_to_float(codes[u].y, v + 4);
-          e4m3x4_to_float(codes[u].z, v + 8);
-          e4m3x4_to_float(codes[u].w, v + 12);
 #pragma unroll
-          for (int k = 0; k < 16; ++k) v[k] *= scale;
+          for (int k = 0; k < kElems; ++k) v[k] *= scale;
         }
-        store_bf16x16(out_row + item * 16, v);
+#pragma unroll
+        for (int h = 0; h < kElems / 8; ++h)
+          out_row[item * (kElems / 8) + h] = make_uint4(
+              pack_bf16x2(v[8 * h], v[8 * h + 1]), pack_bf16x2(v[8 * h + 2], v[8 * h + 3]),
+              pack_bf16x2(v[8 * h + 4], v[8 * h + 5]), pack_bf16x2(v[8 * h + 6], v[8 * h + 7]));
       }
     }
   });
@@ -143,34 +136,35 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
   });
 }
 
-// MXFP8 GEMM layout: a thread copies the codes and scales of two 32-element blocks per step,
-// loads first.
+// MXFP8 GEMM layout: a thread copies 16 codes (half a block) per item, kUnroll items per step
+// with the loads first; neighbouring lanes take neighbouring items so every warp instruction
+// moves 512 contiguous bytes. The even item of each block also copies the block's scale.
 __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales) {
-  constexpr int kUnroll = 2;
-  const int64_t n = grid.items_per_row;
+  constexpr int kUnroll = 4;
+  const int64_t n = grid.items_per_row;  // cols / 16
+  const int64_t blocks_per_row = n / 2;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
     const uint4* src = reinterpret_cast<const uint4*>(chunk + local * in.cols);
+    const uint8_t* src_scales = chunk + in.scales_offset + local * blocks_per_row;
     uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols);
     for (int64_t first = lane; first < n; first += team * kUnroll) {
-      uint4 codes[2 * kUnroll];
+      uint4 codes[kUnroll];
       uint8_t scale[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = first + u * team;
         if (j >= n) break;
-        codes[2 * u] = __ldg(src + 2 * j);
-        codes[2 * u + 1] = __ldg(src + 2 * j + 1);
-        scale[u] = __ldg(chunk + in.scales_offset + local * n + j);
+        codes[u] = __ldg(src + j);
+        if (j % 2 == 0) scale[u] = __ldg(src_scales + j / 2);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = first + u * team;
         if (j >= n) break;
-        dst[2 * j] = codes[2 * u];
-        dst[2 * j + 1] = codes[2 * u + 1];
-        scales[r * n + j] = scale[u];
+        dst[j] = codes[u];
+        if (j % 2 == 0) scales[r * blocks_per_row + j / 2] = scale[u];
       }
     }
   });
@@ -261,7 +255,8 @@ void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  int64_t out_capacity, cudaStream_t stream) {
   const ChunkLayout l = validate_unpack(spec, in, out_bf16, out_capacity);
   const int64_t rows = in.geometry.rows;
-  const RowGrid grid = row_grid(rows, l.cols / 16, spec.format == WireFormat::kNVFP4 ? 4 : 2);
+  // Items are the kernels' groups: 16 elements for NVFP4, 8 otherwise (see unpack_bf16_kernel).
+  const RowGrid grid = row_grid(rows, l.cols / (spec.format == WireFormat::kNVFP4 ? 16 : 8), 4);
   auto* out = static_cast<uint16_t*>(out_bf16);
   const Chunks c = chunks_of(in, l);
   switch (spec.format) {
@@ -312,7 +307,7 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
     }
     case WireFormat::kMXFP8:
     {
-      const RowGrid grid = row_grid(rows, l.cols / 32, 2);
+      const RowGrid grid = row_grid(rows, l.cols / 16, 4);
       unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales);
     }
       check_launch("unpack_mxfp8_gemm_kernel");

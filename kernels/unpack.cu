@@ -26,24 +26,91 @@ struct Chunks {
   }
 };
 
-// Each thread decodes kUnroll groups of kElems output elements of a row per step, with all their
+// One NVFP4 group of 16 elements (one block) -> 16 BF16, through a per-block table instead of a
+// per-element decode: entry k = bf16((e2m1(k) * s_b) * S_dec) for the 8 magnitudes, computed in
+// the spec's FP32 order, split into a high-byte and a low-byte table of 8 bytes each; `prmt`
+// (__byte_perm) then looks up four elements per instruction by their 3-bit magnitude codes, and
+// the sign bit of each code is XORed into the high byte. That equals the spec element by element
+// because (-q * s_b) * S_dec = -((q * s_b) * S_dec) in IEEE arithmetic and BF16 RNE is symmetric,
+// except for NaN (the spec's NaN is 0x7fff whatever the sign), so a block whose table holds a NaN
+// (then entry 0 is NaN: s_b or S_dec NaN, or S_dec infinite) takes the per-element path.
+__device__ __forceinline__ void nvfp4_decode16_bf16(uint2 codes, float block_scale,
+                                                    float chunk_scale, uint4 (&out)[2]) {
+  float m[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) m[k] = (e2m1_value(k) * block_scale) * chunk_scale;
+  uint32_t w[8];
+  if (codec::is_nan(m[0])) {
+    const uint32_t words[2] = {codes.x, codes.y};
+#pragma unroll
+    for (int k = 0; k < 16; k += 2) {
+      const float a = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
+      const float b = (e2m1_value(words[k / 8] >> (4 * (k % 8 + 1))) * block_scale) * chunk_scale;
+      w[k / 2] = pack_bf16x2(a, b);
+    }
+  } else {
+    const uint32_t t0 = pack_bf16x2(m[0], m[1]), t1 = pack_bf16x2(m[2], m[3]);
+    const uint32_t t2 = pack_bf16x2(m[4], m[5]), t3 = pack_bf16x2(m[6], m[7]);
+    const uint32_t high_a = __byte_perm(t0, t1, 0x7531), high_b = __byte_perm(t2, t3, 0x7531);
+    const uint32_t low_a = __byte_perm(t0, t1, 0x6420), low_b = __byte_perm(t2, t3, 0x6420);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // four elements: nibbles j = 0..3 of c
+      const uint32_t c = (q < 2 ? codes.x : codes.y) >> (16 * (q % 2));
+      const uint32_t magnitudes = c & 0x7777u;
+      // Byte j of `nibbles` = nibble j of c, so each code's sign bit moves to its byte's bit 7.
+      const uint32_t spread = (c & 0xffu) | ((c << 8) & 0xff0000u);
+      const uint32_t nibbles = (spread & 0x000f000fu) | ((spread << 4) & 0x0f000f00u);
+      const uint32_t high = __byte_perm(high_a, high_b, magnitudes) ^ ((nibbles << 4) & 0x80808080u);
+      const uint32_t low = __byte_perm(low_a, low_b, magnitudes);
+      w[2 * q] = __byte_perm(low, high, 0x5140);      // elements 4q, 4q+1
+      w[2 * q + 1] = __byte_perm(low, high, 0x7362);  // elements 4q+2, 4q+3
+    }
+  }
+  out[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  out[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// Stores one lane's 16 BF16 outputs (32 bytes, group `item`). Where the partner lane (lane ^ 1)
+// holds the neighbouring group, the pair swaps halves first so that each store instruction writes
+// whole 32-byte sectors (the even group's, then the odd group's) instead of half of every sector
+// it touches, which doubled the L2 write traffic (v7). `paired` must be equal on both lanes of a
+// pair: with a team of two or more lanes, lane ^ 1 holds item ^ 1 of the same row, and both
+// lanes of a pair see (item | 1) < n alike; the shuffle names exactly those two lanes.
+__device__ __forceinline__ void store_group_pair(uint4* out_row, int64_t item, bool paired,
+                                                 const uint4 (&group)[2]) {
+  if (!paired) {
+    out_row[2 * item] = group[0];
+    out_row[2 * item + 1] = group[1];
+    return;
+  }
+  const bool odd = item & 1;
+  const uint4 send = odd ? group[0] : group[1];
+  const unsigned lanes = 3u << (threadIdx.x & 30u);
+  const uint4 received = make_uint4(
+      __shfl_xor_sync(lanes, send.x, 1), __shfl_xor_sync(lanes, send.y, 1),
+      __shfl_xor_sync(lanes, send.z, 1), __shfl_xor_sync(lanes, send.w, 1));
+  const int64_t even_item = item & ~int64_t{1};
+  out_row[2 * even_item + odd] = odd ? received : group[0];
+  out_row[2 * (even_item + 1) + odd] = odd ? group[1] : received;
+}
+
+// Each thread decodes kUnroll groups of output elements of a row per step, with all their
 // loads issued first. FP8 and MXFP8 groups are 8 elements: a group's BF16 outputs are one 16-byte
 // store and neighbouring lanes take neighbouring groups, so each warp store instruction writes
 // 512 contiguous bytes. With 16-element groups (two 16-byte stores 32 bytes apart) each
 // instruction covered half of every sector it touched, and the partial writes cost up to twice
-// the L2 write traffic (ncu, v7 in perf-notes). NVFP4 keeps 16-element groups: its decode is
-// ALU-bound, and 8-element groups, which double the per-group index work, measured slower.
+// the L2 write traffic (ncu, v7 in perf-notes). NVFP4 groups are 16 elements, one block, decoded
+// through the block's table (nvfp4_decode16_bf16); 8-element groups measured slower there.
 // Format is a template parameter so each kernel carries only its own decode.
 template <WireFormat kFormat>
 __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
   constexpr int kUnroll = 4;
-  constexpr int kElems = kFormat == WireFormat::kNVFP4 ? 16 : 8;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
     uint4* out_row = reinterpret_cast<uint4*>(out + r * in.cols);
     const float chunk_scale = kFormat == WireFormat::kMXFP8 ? 0.0f : in.decode_scale(chunk);
-    const int64_t n = grid.items_per_row;  // groups of kElems elements, 8 code bytes each
+    const int64_t n = grid.items_per_row;  // groups (16 NVFP4 or 8 E4M3 elements), 8 code bytes each
     const uint8_t* code_row = chunk + local * in.cols / (kFormat == WireFormat::kNVFP4 ? 2 : 1);
     for (int64_t first = lane; first < n; first += team * kUnroll) {
       uint2 codes[kUnroll];  // 8 E4M3 codes, or 16 E2M1 codes
@@ -63,27 +130,21 @@ __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool 
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t item = first + u * team;
         if (item >= n) break;
-        float v[kElems];
         if (kFormat == WireFormat::kNVFP4) {
-          const float block_scale = e4m3_to_float(scale_codes[u]);
-          const uint32_t words[2] = {codes[u].x, codes[u].y};
-          // (q * s_b) * S_dec, as codec::nvfp4_decode orders it.
-#pragma unroll
-          for (int k = 0; k < kElems; ++k)
-            v[k] = (e2m1_value(words[k / 8] >> (4 * (k % 8))) * block_scale) * chunk_scale;
-        } else {
-          const float scale =
-              kFormat == WireFormat::kFP8 ? chunk_scale : e8m0_to_float(scale_codes[u]);
-          e4m3x4_to_float(codes[u].x, v);
-          e4m3x4_to_float(codes[u].y, v + 4);
-#pragma unroll
-          for (int k = 0; k < kElems; ++k) v[k] *= scale;
+          uint4 group[2];
+          nvfp4_decode16_bf16(codes[u], e4m3_to_float(scale_codes[u]), chunk_scale, group);
+          store_group_pair(out_row, item, team >= 2 && (item | 1) < n, group);
+          continue;
         }
+        const float scale =
+            kFormat == WireFormat::kFP8 ? chunk_scale : e8m0_to_float(scale_codes[u]);
+        float v[8];
+        e4m3x4_to_float(codes[u].x, v);
+        e4m3x4_to_float(codes[u].y, v + 4);
 #pragma unroll
-        for (int h = 0; h < kElems / 8; ++h)
-          out_row[item * (kElems / 8) + h] = make_uint4(
-              pack_bf16x2(v[8 * h], v[8 * h + 1]), pack_bf16x2(v[8 * h + 2], v[8 * h + 3]),
-              pack_bf16x2(v[8 * h + 4], v[8 * h + 5]), pack_bf16x2(v[8 * h + 6], v[8 * h + 7]));
+        for (int k = 0; k < 8; ++k) v[k] *= scale;
+        out_row[item] = make_uint4(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]),
+                                   pack_bf16x2(v[4], v[5]), pack_bf16x2(v[6], v[7]));
       }
     }
   });

@@ -57,6 +57,9 @@ class Backend {
   virtual void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) = 0;
   virtual void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
                       std::int64_t out_capacity) = 0;
+  // The GEMM-ready layout (kernels::unpack_gemm_*): FP8, MXFP8, NVFP4 only.
+  virtual void unpack_gemm(const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                           const kernels::GemmOutputs& out) = 0;
   // recv[r * bytes_per_rank ...] = group rank r's send.
   virtual void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) = 0;
   // In place, one collective for all `count` values.

@@ -25,6 +25,7 @@ class LoggingBackend : public Backend {
   void amax(const void*, kernels::SourceDtype, std::int64_t, std::int64_t, float*) override {}
   void pack(const kernels::WireSpec&, const kernels::PackArgs&) override {}
   void unpack(const kernels::WireSpec&, const kernels::GatheredChunks&, void*, std::int64_t) override {}
+  void unpack_gemm(const kernels::WireSpec&, const kernels::GatheredChunks&, const kernels::GemmOutputs&) override {}
   void all_gather(int, const void*, void*, std::int64_t) override {}
   void all_reduce_max(int, float*, std::int64_t) override {}
   void reduce_scatter_mean(int, const float*, float*, std::int64_t) override {}

@@ -71,6 +71,11 @@ void CudaBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredC
   kernels::unpack_cuda(spec, in, out_bf16, out_capacity, side_);
 }
 
+void CudaBackend::unpack_gemm(const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                              const kernels::GemmOutputs& out) {
+  kernels::unpack_gemm_cuda(spec, in, out, side_);
+}
+
 void CudaBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
   comm::NcclComm& c = comm(group);
   enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), side_),

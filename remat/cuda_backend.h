@@ -36,6 +36,8 @@ class CudaBackend : public Backend {
   void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
   void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
               std::int64_t out_capacity) override;
+  void unpack_gemm(const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                   const kernels::GemmOutputs& out) override;
   void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
   void all_reduce_max(int group, float* data, std::int64_t count) override;
   void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) override;

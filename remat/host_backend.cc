@@ -41,6 +41,11 @@ void HostBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredC
   kernels::unpack_reference(spec, in, out_bf16, out_capacity);
 }
 
+void HostBackend::unpack_gemm(const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                              const kernels::GemmOutputs& out) {
+  kernels::unpack_gemm_reference(spec, in, out);
+}
+
 void HostBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
   comm(group).all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank));
 }

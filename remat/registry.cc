@@ -36,6 +36,27 @@ const Weight& Registry::get(WeightId id) const {
 
 Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
 
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry) {
+  GemmPlacement p;
+  if (spec.format == kernels::WireFormat::kBF16) return p;
+  p.sizes = kernels::gemm_layout_sizes(spec, geometry);
+  std::int64_t next = 0;
+  const auto section = [&](std::int64_t bytes) {
+    const std::int64_t offset = next;
+    next += kernels::round_up(bytes, kernels::kSectionAlignment);
+    return offset;
+  };
+  p.data = section(p.sizes.data_bytes);
+  p.scales = section(p.sizes.scales_bytes);
+  // The exact transpose is always produced where it exists (FP8 for Hopper's other operand
+  // orientation, NVFP4 2D); MXFP8 and NVFP4 1D have none.
+  p.transposed_data = section(p.sizes.transpose_supported ? p.sizes.transposed_data_bytes : 0);
+  p.transposed_scales = section(p.sizes.transpose_supported ? p.sizes.transposed_scales_bytes : 0);
+  p.decode_scales = section(p.sizes.decode_scale_count * static_cast<std::int64_t>(sizeof(float)));
+  p.bytes = next;
+  return p;
+}
+
 WeightId Registry::add(const WeightDesc& desc) {
   Weight weight;
   weight.desc = desc;
@@ -43,7 +64,9 @@ WeightId Registry::add(const WeightDesc& desc) {
   weight.geometry = kernels::weight_geometry(desc.wire.format, desc.rows, desc.cols, g);
   weight.layout = kernels::chunk_layout(desc.wire, weight.geometry.shard_rows, desc.cols);
   weight.valid_rows = weight.geometry.valid_rows(backend_.group_rank(desc.group));
-  weight.output_bytes = kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment);
+  weight.gemm = gemm_placement(desc.wire, weight.geometry);
+  weight.output_bytes =
+      std::max(kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment), weight.gemm.bytes);
   if (weight.valid_rows > 0 && desc.shard == nullptr) {
     throw std::invalid_argument(quoted(desc) + ": shard is null but this rank holds " +
                                 std::to_string(weight.valid_rows) + " rows; pass the shard pointer");

@@ -28,12 +28,24 @@ struct WeightDesc {
   WeightId expert_leader = kNoWeight;   // set on every expert but the first: the group's first weight
 };
 
+// Where the GEMM-ready outputs of one weight sit in its output region (byte offsets from the region's
+// start, each section on kSectionAlignment). BF16 wire: no sections (its GEMM layout is the BF16 weight).
+struct GemmPlacement {
+  kernels::GemmLayoutSizes sizes;
+  std::int64_t data = 0, scales = 0, transposed_data = 0, transposed_scales = 0, decode_scales = 0;
+  std::int64_t bytes = 0;  // the whole GEMM output region
+};
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry);
+
 struct Weight {
   WeightDesc desc;
   kernels::WeightGeometry geometry;
   kernels::ChunkLayout layout;
   std::int64_t valid_rows = 0;          // rows of this rank's shard
-  std::int64_t output_bytes = 0;        // BF16 rows x cols, rounded to kSectionAlignment
+  GemmPlacement gemm;                   // the GEMM-ready layout within the output region
+  // The output region of a slot: the larger of the BF16 weight (rows x cols x 2) and the GEMM layout,
+  // rounded to kSectionAlignment, so any slot serves either layout of the weight.
+  std::int64_t output_bytes = 0;
   void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes)
   std::uint64_t version = 0;            // packs so far; 0: never packed
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order

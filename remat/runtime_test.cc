@@ -145,6 +145,14 @@ TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
   });
 }
 
+TEST(Runtime, GemmLayoutMatchesTheReferenceGemmUnpackWithMixedBf16Consumers) {
+  for (int g : {2, 4}) {
+    for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
+      on_ranks(g, [&](comm::HostComm& comm) { testing::check_gemm_layout(comm, spec); });
+    }
+  }
+}
+
 TEST(Runtime, EveryWireFormatMatchesTheReferenceDecode) {
   for (int g : {2, 4}) {
     for (const kernels::WireSpec& spec : testing::all_wire_specs()) {

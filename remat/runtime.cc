@@ -119,6 +119,7 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
     m.wire = w.desc.wire;
     m.rows = w.desc.rows;
     m.cols = w.desc.cols;
+    m.shard_rows = w.geometry.shard_rows;
     m.data = next;
     if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
       const kernels::GemmOutputs g = gemm_outputs(w, next);

@@ -32,6 +32,7 @@ struct Materialized {
   Layout layout = Layout::kBF16;  // the layout actually produced (kBF16 for GEMM of the BF16 wire)
   kernels::WireSpec wire;
   std::int64_t rows = 0, cols = 0;
+  std::int64_t shard_rows = 0;  // rows per wire chunk: decode_scales[g] covers [g, g + 1) x shard_rows
   void* data = nullptr;
   void* scales = nullptr;
   void* transposed_data = nullptr;

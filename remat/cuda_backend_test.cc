@@ -44,7 +44,7 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   desc.cols = cols;
   desc.main_grad = main_grad;
   const WeightId id = runtime.register_weight(desc);
-  runtime.shard_updated(&id, 1);
+  runtime.shard_updated(&id, 1, stream);
   for (int step = 0; step < 3; ++step) {
     const auto out = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, stream);
     std::vector<std::uint16_t> got(host.size());

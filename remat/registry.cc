@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 namespace gtp::remat {
@@ -32,6 +33,10 @@ const Weight& Registry::get(WeightId id) const {
                                 " is not registered (unregistered, or never returned by register)");
   }
   return weights_[id];
+}
+
+Stream Registry::gather_stream(const Weight& weight) const {
+  return backend_.side_stream(weight.desc.group, Role::kGather);
 }
 
 Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
@@ -120,8 +125,17 @@ std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) cons
   return out;
 }
 
-void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
+void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const std::vector<WeightId> all = expand(ids, n);
+  std::set<int> groups;
+  for (WeightId id : all) groups.insert(weights_[id].desc.group);
+  // Once per optimizer step: each involved gather stream joins the optimizer's stream and every side
+  // stream (reduce-scatters included), so the re-pack is ordered after all of them.
+  for (int group : groups) {
+    const Stream gather = backend_.side_stream(group, Role::kGather);
+    backend_.order(gather, stream);
+    backend_.join_all(gather);
+  }
   // One batched amax reduction per group, groups in ascending order (the same on every rank).
   std::map<int, std::vector<WeightId>> by_group;
   std::int64_t amax_count = 0;
@@ -145,13 +159,13 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
     for (WeightId id : members) {
       const Weight& weight = weights_[id];
       if (weight.valid_rows > 0) {
-        backend_.amax(weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
+        backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
       } else {
-        backend_.fill(next, 0, sizeof(float));
+        backend_.fill(gather_stream(weight), next, 0, sizeof(float));
       }
       amax[id] = next++;
     }
-    backend_.all_reduce_max(group, values, next - values);
+    backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
   }
   for (WeightId id : all) {
     Weight& weight = weights_[id];
@@ -165,7 +179,7 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
     args.amax = reduced == amax.end() ? nullptr : reduced->second;
     args.chunk = weight.chunk;
     args.chunk_capacity = weight.layout.chunk_bytes;
-    backend_.pack(weight.desc.wire, args);
+    backend_.pack(gather_stream(weight), weight.desc.wire, args);
     ++weight.version;
   }
 }

@@ -74,10 +74,14 @@ class Registry {
   // Re-packs the chunks of `ids` (leaders: with their experts) from their shards. FP8 and NVFP4 encode
   // with the tensor amax over the whole weight: every local amax is reduced in one all_reduce_max per
   // group. Collective: every rank of each group involved calls it with the same ids in the same order.
-  void shard_updated(const WeightId* ids, std::int64_t n);
+  // The shards are read after the work enqueued so far on `stream` (the optimizer's), and after every
+  // side stream's work: an in-flight reduce-scatter or a gather of another group still reading a chunk
+  // (or the shared amax scratch) is never overtaken.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
 
  private:
   Weight& at(WeightId id);
+  Stream gather_stream(const Weight& weight) const;
 
   Backend& backend_;
   std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null

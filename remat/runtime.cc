@@ -81,21 +81,33 @@ std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
 
 // Slot layout, per weight of the key: the G gathered chunks, then the output region (BF16 weight or
 // GEMM-ready sections, Weight::gemm), sized for the larger of the two.
+// A key fills on the gather stream of its first weight's group; a key that spans groups first joins
+// the other groups' gather streams, where its chunks were packed.
+Stream Runtime::fill_stream(const ChainKey& key) {
+  return backend_.side_stream(registry_.get(key.front()).desc.group, Role::kGather);
+}
+
 void Runtime::fill(int index, const ChainKey& key, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
   Cache::Slot& slot = cache_.slot(index);
+  const Stream stream = slot.filler;
+  std::set<Stream> joined = {stream};
+  for (WeightId id : key) {
+    const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
+    if (joined.insert(gather).second) backend_.order(stream, gather);
+  }
   char* next = static_cast<char*>(slot.ptr);
   std::string names;
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-    backend_.all_gather(w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+    backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
     const kernels::GatheredChunks chunks{next, gathered, w.geometry};
     char* region = next + gathered;
     if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
-      backend_.unpack_gemm(w.desc.wire, chunks, gemm_outputs(w, region));
+      backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
     } else {
-      backend_.unpack(w.desc.wire, chunks, region, w.output_bytes);
+      backend_.unpack(stream, w.desc.wire, chunks, region, w.output_bytes);
     }
     next += gathered + w.output_bytes;
     if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
@@ -105,7 +117,7 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
   slot.key = key;
   slot.versions = versions(key);
   if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
-  slot.ready = backend_.record(backend_.side_stream());
+  slot.ready = backend_.record(stream);
   if (trace_.enabled()) trace_.add("gather " + names, why, start);
 }
 
@@ -161,7 +173,7 @@ void Runtime::refill(int chain) {
       }
     }
     if (prefetched >= config_.depth) return;
-    const int index = cache_.take(bytes_for(key), /*on_demand=*/false);
+    const int index = cache_.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
     if (index < 0) return;
     fill(index, key, "prefetch");
     Cache::Slot& slot = cache_.slot(index);
@@ -205,7 +217,7 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   if (hit) {
     ++stats_.prefetch_hits;
   } else {
-    index = cache_.take(bytes_for(key), /*on_demand=*/true);
+    index = cache_.take(bytes_for(key), /*on_demand=*/true, fill_stream(key));
     fill(index, key, "exposed");
     ++stats_.exposed_gathers;
   }
@@ -268,10 +280,10 @@ void Runtime::drain(Stream stream) {
   refill(head);
 }
 
-void Runtime::shard_updated(const WeightId* ids, std::int64_t n) {
+void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const ChainKey updated = registry_.expand(ids, n);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  registry_.shard_updated(ids, n);
+  registry_.shard_updated(ids, n, stream);
   if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
   for (int i = 0; i < cache_.size(); ++i) {

@@ -70,8 +70,9 @@ class Runtime {
   WeightId register_weight(const WeightDesc& desc) { return registry_.add(desc); }
   // Refused (std::invalid_argument) while the weight is materialized or has gradients in flight.
   void unregister_weight(WeightId id);
-  // Collective re-pack (Registry::shard_updated); prefetched copies of these weights are re-gathered.
-  void shard_updated(const WeightId* ids, std::int64_t n);
+  // Collective re-pack (Registry::shard_updated) after the optimizer's work on `stream`; prefetched
+  // copies of these weights are re-gathered.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
 
   // The full weights of `ids` (leaders expanded into their experts) in `layout`, one entry per
   // expanded weight, usable on `stream` once its earlier work is done. `chunk` selects the model chunk
@@ -107,6 +108,7 @@ class Runtime {
  private:
   int chain_index(Phase phase, int chunk);
   std::int64_t bytes_for(const ChainKey& key) const;
+  Stream fill_stream(const ChainKey& key);
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
   // Gathers and unpacks `key` into the slot; `why` is the trace category.
   void fill(int slot, const ChainKey& key, const char* why);

@@ -389,10 +389,10 @@ gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
                     InvalidArgumentIs::kState);
 }
 
-gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t) {
+gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream) {
   return on_context(ctx, "gtp_weights_shard_updated", [&] {
     const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
-    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
   });
 }
 

@@ -150,7 +150,7 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
       std::copy(full.begin() + first, full.begin() + first + valid, shards[l].begin());
       std::fill(main_grads[l].begin(), main_grads[l].end(), 0.0f);
     }
-    runtime.shard_updated(ids.data(), layers);
+    runtime.shard_updated(ids.data(), layers, nullptr);
     for (int mb = 0; mb < options.microbatches; ++mb) {
       std::vector<std::vector<float>> xs = {input(step, comm.rank(), mb)};
       for (int l = 0; l < layers; ++l) {
@@ -326,7 +326,7 @@ inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spe
         kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
                                   expected.back().data(), rows * cols * 2);
       }
-      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
+      runtime.shard_updated(ids.data(), 1, nullptr);  // the leader brings its experts
       for (int pass = 0; pass < 2; ++pass) {
         const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
         ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
@@ -412,7 +412,7 @@ inline void check_gemm_layout(comm::HostComm& comm, const kernels::WireSpec& spe
       if (!bf16_wire) gemm.push_back(reference_gemm(spec, chunks, weight.geometry));
     }
     const WeightId updated[] = {ids[0], ids[3]};
-    runtime.shard_updated(updated, 2);
+    runtime.shard_updated(updated, 2, nullptr);
     const auto check = [&](const std::vector<Materialized>& got, WeightId first, Layout layout, const char* where) {
       for (std::size_t i = 0; i < got.size(); ++i) {
         const std::size_t w = static_cast<std::size_t>(first) + i;

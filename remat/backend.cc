@@ -21,6 +21,18 @@ void Backend::deallocate(void* ptr, std::int64_t bytes) {
   memory_.bytes_in_use -= bytes;
 }
 
+const char* to_string(Role role) {
+  return role == Role::kGather ? "gather" : "reduce_scatter";
+}
+
+void Backend::join_all(Stream waiter) {
+  for (int g = 0; g < group_count(); ++g) {
+    for (Role role : {Role::kGather, Role::kReduceScatter}) {
+      if (side_stream(g, role) != waiter) order(waiter, side_stream(g, role));
+    }
+  }
+}
+
 void Backend::order(Stream waiter, Stream producer) {
   const Event event = record(producer);
   wait(waiter, event);

@@ -4,12 +4,14 @@
 // kernels and NcclComm. See docs/remat.md.
 //
 // Ordering model (the shape the CUDA backend needs; no host synchronization anywhere):
-// - The backend owns one side stream. Every pack, collective, unpack, fill, add and callback below
-//   is enqueued on it, in call order.
+// - The backend owns two side streams per group, one per Role: gathers (amax, pack, all-gather,
+//   unpack) and reduce-scatters (grad zero-fill, reduce-scatter, main-grad add, grad-ready callback),
+//   so a backward re-gather never queues behind a reduce-scatter. Every work call below names the side
+//   stream it is enqueued on (side_stream(group, role)); work on one stream runs in call order.
 // - Consumer streams are opaque `Stream` values (cudaStream_t on CUDA). `record(stream)` returns an
-//   event marking all work enqueued on that stream so far (side_stream() names the side stream);
-//   `wait(stream, event)` orders later work on `stream` after it; `forget(event)` says the runtime
-//   will not wait on it again, so the backend may recycle it (a pooled cudaEvent_t).
+//   event marking all work enqueued on that stream so far; `wait(stream, event)` orders later work on
+//   `stream` after it; `forget(event)` says the runtime will not wait on it again, so the backend may
+//   recycle it (a pooled cudaEvent_t). Everything between streams (side or consumer) goes by events.
 // - On the host backend every call completes before it returns, so streams are ignored and every
 //   event is complete when recorded; the runtime still records and waits on them, so both backends
 //   follow the same protocol.
@@ -25,6 +27,10 @@ namespace gtp::remat {
 
 using Stream = void*;
 using Event = std::uint64_t;
+
+// The two side streams of a group.
+enum class Role { kGather = 0, kReduceScatter = 1 };
+const char* to_string(Role role);  // "gather", "reduce_scatter"
 
 // Memory accounting shared by every backend: all runtime memory goes through allocate / deallocate.
 struct MemoryStats {
@@ -50,33 +56,41 @@ class Backend {
   // Both throw std::invalid_argument for a group the backend does not know.
   virtual int group_size(int group) const = 0;
   virtual int group_rank(int group) const = 0;
+  virtual int group_count() const = 0;
 
-  // Side-stream work. Pointers are backend memory (device memory on CUDA), except where noted.
-  virtual void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
-                    float* out) = 0;
-  virtual void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) = 0;
-  virtual void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
-                      std::int64_t out_capacity) = 0;
+  // Side-stream work, enqueued on `stream` (one of side_stream()'s). Pointers are backend memory
+  // (device memory on CUDA), except where noted.
+  virtual void amax(Stream stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows,
+                    std::int64_t cols, float* out) = 0;
+  virtual void pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) = 0;
+  virtual void unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                      void* out_bf16, std::int64_t out_capacity) = 0;
+  // The GEMM-ready layout (kernels::unpack_gemm_*): FP8, MXFP8, NVFP4 only.
+  virtual void unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                           const kernels::GemmOutputs& out) = 0;
   // recv[r * bytes_per_rank ...] = group rank r's send.
-  virtual void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) = 0;
+  virtual void all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) = 0;
   // In place, one collective for all `count` values.
-  virtual void all_reduce_max(int group, float* data, std::int64_t count) = 0;
+  virtual void all_reduce_max(Stream stream, int group, float* data, std::int64_t count) = 0;
   // recv = (1/G) x sum over the group of the recv_count values at offset group_rank x recv_count of
   // each rank's send (G x recv_count FP32 values), accumulated in FP32.
-  virtual void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) = 0;
+  virtual void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv,
+                                   std::int64_t recv_count) = 0;
   // dst[i] += src[i] in FP32.
-  virtual void add(const float* src, float* dst, std::int64_t count) = 0;
-  virtual void fill(void* dst, unsigned char byte, std::int64_t bytes) = 0;
-  // Runs `callback` on the host once all side-stream work enqueued so far has completed.
-  virtual void host_callback(std::function<void()> callback) = 0;
+  virtual void add(Stream stream, const float* src, float* dst, std::int64_t count) = 0;
+  virtual void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) = 0;
+  // Runs `callback` on the host once all work enqueued on `stream` so far has completed.
+  virtual void host_callback(Stream stream, std::function<void()> callback) = 0;
 
-  // Ordering.
-  virtual Stream side_stream() = 0;
+  // Ordering. side_stream throws std::invalid_argument for an unknown group.
+  virtual Stream side_stream(int group, Role role) = 0;
   virtual Event record(Stream stream) = 0;
   virtual void wait(Stream stream, Event event) = 0;
   virtual void forget(Event event) = 0;
   // Orders later work on `waiter` after everything enqueued on `producer` so far.
   void order(Stream waiter, Stream producer);
+  // Orders later work on `waiter` after everything enqueued so far on every side stream.
+  void join_all(Stream waiter);
 
  protected:
   virtual void* do_allocate(std::int64_t bytes) = 0;

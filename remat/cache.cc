@@ -14,7 +14,7 @@ Cache::~Cache() {
   }
 }
 
-int Cache::take(std::int64_t bytes, bool on_demand) {
+int Cache::take(std::int64_t bytes, bool on_demand, Stream filler) {
   const auto fits_budget = [&](std::int64_t extra) {
     return config_.budget_bytes == 0 || stats_.slot_bytes + extra <= config_.budget_bytes;
   };
@@ -48,10 +48,11 @@ int Cache::take(std::int64_t bytes, bool on_demand) {
     if (best >= 0) {
       Slot& s = slots_[best];
       for (Event event : s.releases) {
-        backend_.wait(backend_.side_stream(), event);
+        backend_.wait(filler, event);
         backend_.forget(event);
       }
       s.releases.clear();
+      s.filler = filler;
       ++s.generation;
       s.filled = ++fills_;
       return best;
@@ -98,9 +99,18 @@ void Cache::free_slot(Slot& slot) {
   slot.chain = -1;
   slot.position = -1;
   slot.consumers = 0;
+  if (slot.ready != 0) {  // a fill nobody consumed: the next filler (maybe another stream) waits on it
+    slot.releases.push_back(slot.ready);
+    slot.ready = 0;
+  }
   if (config_.poison_released) {
-    for (Event event : slot.releases) backend_.wait(backend_.side_stream(), event);
-    backend_.fill(slot.ptr, 0xFF, slot.capacity);
+    // On the stream that filled it, after every release; the next filler waits on the poison instead.
+    for (Event event : slot.releases) {
+      backend_.wait(slot.filler, event);
+      backend_.forget(event);
+    }
+    backend_.fill(slot.filler, slot.ptr, 0xFF, slot.capacity);
+    slot.releases.assign(1, backend_.record(slot.filler));
   }
 }
 

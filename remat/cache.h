@@ -4,8 +4,9 @@
 // unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
 // refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
 // consumer, tagged with its chain and position) or Held (by consumers until each releases it). A freed
-// slot keeps every consumer's release event; whoever refills it first makes the side stream wait on
-// them, so reuse is ordered after every release on the device timeline, never by a host sync.
+// slot keeps every consumer's release event (and the event of a fill nobody consumed); whoever refills
+// it first makes its filling stream wait on them, so reuse is ordered after every release on the device
+// timeline, never by a host sync, whichever side stream filled it before.
 //
 // Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
 // grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old
@@ -49,8 +50,10 @@ class Cache {
     int chain = -1;                        // Prefetched: the chain and position it was fetched for
     std::int64_t position = -1;
     int consumers = 0;                     // Held
-    Event ready = 0;                       // side-stream event after the fill (0: none pending)
-    std::vector<Event> releases;           // consumers' release events since the last fill
+    Stream filler = nullptr;               // the side stream that fills it (since the latest take)
+    Event ready = 0;                       // filler event after the fill (0: none pending)
+    std::vector<Event> releases;           // events the next filler waits on: consumers' releases,
+                                           // an unconsumed fill, the poison fill
   };
 
   Cache(Backend& backend, CacheConfig config) : backend_(backend), config_(config) {}
@@ -58,11 +61,11 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
 
-  // A free slot of at least `bytes`, its generation advanced and the side stream ordered after its
-  // previous consumers' releases. On demand, prefetched slots are evicted if the budget requires;
+  // A free slot of at least `bytes`, its generation advanced and `filler` (the side stream that will
+  // write it) ordered after its previous consumers' releases. On demand, prefetched slots are evicted if the budget requires;
   // when even that is not enough, throws std::runtime_error naming the budget. For a prefetch returns
   // -1 (and counts a budget wait) instead.
-  int take(std::int64_t bytes, bool on_demand);
+  int take(std::int64_t bytes, bool on_demand, Stream filler);
 
   Slot& slot(int index) { return slots_[index]; }
   int size() const { return static_cast<int>(slots_.size()); }

@@ -1,5 +1,6 @@
 // The cache against a backend that logs its ordering calls, so the GPU protocol is visible: a slot
-// is refilled only after the side stream waited on every consumer's release event.
+// is refilled only after its next filling stream waited on every consumer's release event, on an
+// unconsumed fill and on the poison, whichever side stream those ran on.
 #include "remat/cache.h"
 
 #include <gtest/gtest.h>
@@ -12,47 +13,20 @@
 #include <utility>
 #include <vector>
 
+#include "remat/internal/logging_backend.h"
+
 namespace gtp::remat {
 namespace {
 
-Stream stream(int i) { return reinterpret_cast<Stream>(static_cast<std::intptr_t>(i)); }
+using testing::LoggingBackend;
 
-class LoggingBackend : public Backend {
- public:
-  std::string name() const override { return "logging"; }
-  int group_size(int) const override { return 1; }
-  int group_rank(int) const override { return 0; }
-  void amax(const void*, kernels::SourceDtype, std::int64_t, std::int64_t, float*) override {}
-  void pack(const kernels::WireSpec&, const kernels::PackArgs&) override {}
-  void unpack(const kernels::WireSpec&, const kernels::GatheredChunks&, void*, std::int64_t) override {}
-  void all_gather(int, const void*, void*, std::int64_t) override {}
-  void all_reduce_max(int, float*, std::int64_t) override {}
-  void reduce_scatter_mean(int, const float*, float*, std::int64_t) override {}
-  void add(const float*, float*, std::int64_t) override {}
-  void fill(void* dst, unsigned char byte, std::int64_t bytes) override { std::memset(dst, byte, bytes); }
-  void host_callback(std::function<void()> callback) override { callback(); }
-  Stream side_stream() override { return stream(99); }
-  Event record(Stream s) override {
-    recorded.emplace_back(++events, s);
-    return events;
-  }
-  void wait(Stream s, Event e) override { waits.emplace_back(s, e); }
-  void forget(Event e) override { forgotten.push_back(e); }
-
-  Event events = 0;
-  std::vector<std::pair<Event, Stream>> recorded;
-  std::vector<std::pair<Stream, Event>> waits;
-  std::vector<Event> forgotten;
-
- protected:
-  void* do_allocate(std::int64_t bytes) override { return std::malloc(bytes); }
-  void do_deallocate(void* ptr) override { std::free(ptr); }
-};
+Stream stream(int i) { return testing::consumer_stream(i); }
+Stream gather0() { return stream(1000); }
 
 TEST(Cache, AFreedSlotIsRefilledOnlyAfterTheSideStreamWaitedOnEveryRelease) {
   LoggingBackend backend;
   Cache cache(backend, CacheConfig{});
-  const int slot = cache.take(1000, true);
+  const int slot = cache.take(1000, true, gather0());
   cache.slot(slot).state = Cache::State::kHeld;
   cache.slot(slot).consumers = 2;
   const Event first = backend.record(stream(1));
@@ -63,9 +37,9 @@ TEST(Cache, AFreedSlotIsRefilledOnlyAfterTheSideStreamWaitedOnEveryRelease) {
   EXPECT_EQ(cache.slot(slot).state, Cache::State::kFree);
   EXPECT_TRUE(backend.waits.empty()) << "freeing must not wait: only the next filler does";
   const std::uint64_t generation = cache.slot(slot).generation;
-  EXPECT_EQ(cache.take(500, true), slot);  // reused: same address, no allocation
+  EXPECT_EQ(cache.take(500, true, gather0()), slot);  // reused: same address, no allocation
   EXPECT_EQ(cache.slot(slot).generation, generation + 1);
-  EXPECT_EQ(backend.waits, (std::vector<std::pair<Stream, Event>>{{stream(99), first}, {stream(99), second}}));
+  EXPECT_EQ(backend.waits, (std::vector<std::pair<Stream, Event>>{{gather0(), first}, {gather0(), second}}));
   EXPECT_EQ(backend.forgotten, (std::vector<Event>{first, second}));
   EXPECT_EQ(backend.memory().allocations, 1);
 }
@@ -73,13 +47,13 @@ TEST(Cache, AFreedSlotIsRefilledOnlyAfterTheSideStreamWaitedOnEveryRelease) {
 TEST(Cache, SlotsAreSizedForTheLargestCallAndGrowOnlyWhenALargerOneComes) {
   LoggingBackend backend;
   Cache cache(backend, CacheConfig{});
-  const int a = cache.take(1000, true);
+  const int a = cache.take(1000, true, gather0());
   cache.slot(a).state = Cache::State::kHeld;
-  const int b = cache.take(3000, true);  // a is held: a new slot
+  const int b = cache.take(3000, true, gather0());  // a is held: a new slot
   EXPECT_NE(a, b);
   cache.slot(b).state = Cache::State::kHeld;
   cache.slot(a).state = Cache::State::kFree;
-  const int c = cache.take(3000, true);  // a grows to the largest size
+  const int c = cache.take(3000, true, gather0());  // a grows to the largest size
   EXPECT_EQ(c, a);
   EXPECT_EQ(cache.slot(a).capacity, 3000);
   EXPECT_EQ(cache.stats().slot_bytes, 6000);
@@ -92,23 +66,23 @@ TEST(Cache, TheBudgetDefersPrefetchesEvictsThemOnDemandAndRefusesWhenConsumersHo
   CacheConfig config;
   config.budget_bytes = 2000;
   Cache cache(backend, config);
-  const int held = cache.take(1000, true);
+  const int held = cache.take(1000, true, gather0());
   cache.slot(held).state = Cache::State::kHeld;
-  const int prefetched = cache.take(1000, false);
+  const int prefetched = cache.take(1000, false, gather0());
   ASSERT_GE(prefetched, 0);
   cache.slot(prefetched).state = Cache::State::kPrefetched;
   cache.slot(prefetched).chain = 0;
   cache.slot(prefetched).position = 3;
   EXPECT_EQ(cache.find_prefetched(0, 3), prefetched);
-  EXPECT_EQ(cache.take(1000, false), -1);  // a prefetch waits
+  EXPECT_EQ(cache.take(1000, false, gather0()), -1);  // a prefetch waits
   EXPECT_EQ(cache.stats().budget_waits, 1);
-  const int demanded = cache.take(1000, true);  // on demand: the prefetched slot is evicted
+  const int demanded = cache.take(1000, true, gather0());  // on demand: the prefetched slot is evicted
   EXPECT_EQ(demanded, prefetched);
   EXPECT_EQ(cache.stats().evictions, 1);
   EXPECT_EQ(cache.find_prefetched(0, 3), -1);
   cache.slot(demanded).state = Cache::State::kHeld;
   try {
-    cache.take(1000, true);
+    cache.take(1000, true, gather0());
     ADD_FAILURE() << "a full budget held by consumers must be refused";
   } catch (const std::runtime_error& error) {
     EXPECT_NE(std::string(error.what()).find("memory budget of 2000 bytes"), std::string::npos) << error.what();
@@ -117,18 +91,38 @@ TEST(Cache, TheBudgetDefersPrefetchesEvictsThemOnDemandAndRefusesWhenConsumersHo
 }
 
 TEST(Cache, PoisoningWaitsForTheReleasesThenFillsTheWholeSlot) {
-  LoggingBackend backend;
+  LoggingBackend backend(2);
   CacheConfig config;
   config.poison_released = true;
   Cache cache(backend, config);
-  const int slot = cache.take(512, true);
+  const int slot = cache.take(512, true, gather0());
   cache.slot(slot).state = Cache::State::kHeld;
   cache.slot(slot).consumers = 1;
   const Event release = backend.record(stream(1));
   cache.release(slot, release);
-  EXPECT_EQ(backend.waits, (std::vector<std::pair<Stream, Event>>{{stream(99), release}}));
+  EXPECT_EQ(backend.waits, (std::vector<std::pair<Stream, Event>>{{gather0(), release}}));
+  EXPECT_EQ(backend.log.back(), "fill on ag0") << "the poison goes on the stream that filled the slot";
   const auto* bytes = static_cast<const unsigned char*>(cache.slot(slot).ptr);
   for (int i = 0; i < 512; ++i) ASSERT_EQ(bytes[i], 0xFF);
+  // Another group's gather stream refills it: it waits on the poison, not only on the release.
+  const Stream gather1 = backend.side_stream(1, Role::kGather);
+  EXPECT_EQ(cache.take(512, true, gather1), slot);
+  EXPECT_EQ(backend.log.back(), "ag1 waits ag0");
+}
+
+TEST(Cache, AnUnconsumedFillIsWaitedOnByTheNextFillerOfAnotherStream) {
+  LoggingBackend backend(2);
+  Cache cache(backend, CacheConfig{});
+  const int slot = cache.take(256, false, gather0());
+  cache.slot(slot).state = Cache::State::kPrefetched;
+  cache.slot(slot).ready = backend.record(gather0());  // the prefetch's gather and unpack
+  const Event fill = cache.slot(slot).ready;
+  cache.drop(slot);
+  EXPECT_EQ(cache.slot(slot).ready, 0u);
+  const Stream gather1 = backend.side_stream(1, Role::kGather);
+  EXPECT_EQ(cache.take(256, true, gather1), slot);
+  EXPECT_EQ(backend.waits, (std::vector<std::pair<Stream, Event>>{{gather1, fill}}));
+  EXPECT_EQ(cache.slot(slot).filler, gather1);
 }
 
 }  // namespace

@@ -7,11 +7,19 @@ namespace {
 
 std::string describe(const ChainKey& key) {
   std::string out = "[";
-  for (std::size_t i = 0; i < key.size(); ++i) out += (i ? "," : "") + std::to_string(key[i]);
-  return out + "]";
+  for (std::size_t i = 0; i < key.size(); ++i) out += (i ? "," : "") + std::to_string(key.weights[i]);
+  return out + (key.layout == Layout::kBF16 ? "]" : "] as " + to_string(key.layout));
 }
 
 }  // namespace
+
+std::string to_string(Layout layout) {
+  switch (layout) {
+    case Layout::kBF16: return "bf16";
+    case Layout::kGemm: return "gemm";
+  }
+  return "layout " + std::to_string(static_cast<int>(layout));
+}
 
 std::string to_string(Phase phase) {
   switch (phase) {

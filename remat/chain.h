@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/registry.h"
@@ -14,7 +16,31 @@ namespace gtp::remat {
 enum class Phase { kForward = 0, kBackward = 1, kRecompute = 2 };
 std::string to_string(Phase phase);
 
-using ChainKey = std::vector<WeightId>;  // the expanded weights of one materialize call
+// How materialized weights are laid out (docs/formats.md, "Unpack"). BF16: [rows, cols] row-major,
+// padding stripped (bit-identical to the unsharded BF16 weight on the BF16 wire). GEMM: the GEMM-ready
+// codes, scales, exact transpose and per-chunk decode scales (FP8, MXFP8, NVFP4); the BF16 weight on
+// the BF16 wire.
+enum class Layout { kBF16 = 0, kGemm = 1 };
+std::string to_string(Layout layout);
+
+// The expanded weights of one materialize call and the layout it asked for: the same weights in two
+// layouts are two keys (two slots, two chain entries).
+struct ChainKey {
+  std::vector<WeightId> weights;
+  Layout layout = Layout::kBF16;
+
+  ChainKey() = default;
+  ChainKey(std::vector<WeightId> ids, Layout l = Layout::kBF16) : weights(std::move(ids)), layout(l) {}
+  ChainKey(std::initializer_list<WeightId> ids, Layout l = Layout::kBF16) : weights(ids), layout(l) {}
+  bool operator==(const ChainKey& other) const { return layout == other.layout && weights == other.weights; }
+  bool operator!=(const ChainKey& other) const { return !(*this == other); }
+  auto begin() const { return weights.begin(); }
+  auto end() const { return weights.end(); }
+  std::size_t size() const { return weights.size(); }
+  bool empty() const { return weights.empty(); }
+  WeightId front() const { return weights.front(); }
+  void clear() { weights.clear(); layout = Layout::kBF16; }
+};
 
 class Chain {
  public:

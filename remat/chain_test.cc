@@ -56,5 +56,16 @@ TEST(Chain, AStepThatEndsEarlyIsAMismatchAndResetRecordsAgain) {
   EXPECT_TRUE(chain.recording());
 }
 
+TEST(Chain, TheSameWeightsInAnotherLayoutAreAnotherEntry) {
+  Chain chain;
+  chain.consume(ChainKey({0}, Layout::kGemm));
+  chain.consume({0});
+  chain.end_step();
+  EXPECT_EQ(chain.length(), 2);
+  EXPECT_TRUE(chain.consume(ChainKey({0}, Layout::kGemm)).verified);
+  EXPECT_FALSE(chain.consume(ChainKey({0}, Layout::kGemm)).verified);
+  EXPECT_EQ(chain.last_mismatch(), "expected weights [0] at position 1 of 2, got [0] as gemm");
+}
+
 }  // namespace
 }  // namespace gtp::remat

@@ -13,6 +13,8 @@ void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(error));
 }
 
+cudaStream_t on(Stream stream) { return static_cast<cudaStream_t>(stream); }
+
 void run_callback(void* data) {
   std::unique_ptr<std::function<void()>> callback(static_cast<std::function<void()>*>(data));
   (*callback)();
@@ -20,8 +22,9 @@ void run_callback(void* data) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout)
-    : device_(device), groups_(std::move(groups)), timeout_(timeout), events_(device) {
+CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
+                         CudaStreamPriorities priorities)
+    : device_(device), groups_(std::move(groups)), timeout_(timeout), streams_(device), events_(device) {
   if (groups_.empty()) throw std::invalid_argument("CudaBackend: no groups; pass one NcclComm per group");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g] == nullptr || !groups_[g]->valid()) {
@@ -29,16 +32,18 @@ CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::c
     }
   }
   check(cudaSetDevice(device_), "cudaSetDevice");
-  const comm::StreamPriorityRange range = comm::stream_priority_range(device_);
-  check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, range.greatest), "cudaStreamCreateWithPriority");
+  // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
+  // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string name = "remat" + std::to_string(g);
+    side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities.gather));
+    side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities.reduce_scatter));
+  }
 }
 
 CudaBackend::~CudaBackend() {
   for (auto& [id, event] : live_) events_.release(event);
-  if (side_ != nullptr) {
-    cudaStreamSynchronize(side_);
-    cudaStreamDestroy(side_);
-  }
+  for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
 }
 
 comm::NcclComm& CudaBackend::comm(int group) const {
@@ -50,6 +55,11 @@ comm::NcclComm& CudaBackend::comm(int group) const {
   return *groups_[group];
 }
 
+Stream CudaBackend::side_stream(int group, Role role) {
+  comm(group);  // throws for an unknown group
+  return side_[2 * group + static_cast<int>(role)];
+}
+
 void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
   if (result == ncclInProgress) {
     comm.wait_enqueued(timeout_);
@@ -58,46 +68,51 @@ void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
   }
 }
 
-void CudaBackend::amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols, float* out) {
-  kernels::amax_cuda(shard, dtype, rows, cols, out, side_);
+void CudaBackend::amax(Stream stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols, float* out) {
+  kernels::amax_cuda(shard, dtype, rows, cols, out, on(stream));
 }
 
-void CudaBackend::pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) {
-  kernels::pack_cuda(spec, args, side_);
+void CudaBackend::pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) {
+  kernels::pack_cuda(spec, args, on(stream));
 }
 
-void CudaBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+void CudaBackend::unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
                          std::int64_t out_capacity) {
-  kernels::unpack_cuda(spec, in, out_bf16, out_capacity, side_);
+  kernels::unpack_cuda(spec, in, out_bf16, out_capacity, on(stream));
 }
 
-void CudaBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
+void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                              const kernels::GemmOutputs& out) {
+  kernels::unpack_gemm_cuda(spec, in, out, on(stream));
+}
+
+void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
   comm::NcclComm& c = comm(group);
-  enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), side_),
+  enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
            "ncclAllGather");
 }
 
-void CudaBackend::all_reduce_max(int group, float* data, std::int64_t count) {
+void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
   comm::NcclComm& c = comm(group);
-  enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), side_),
+  enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), on(stream)),
            "ncclAllReduce(max)");
 }
 
-void CudaBackend::reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) {
+void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
   comm::NcclComm& c = comm(group);
-  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, ncclAvg, c.get(), side_),
+  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, ncclAvg, c.get(), on(stream)),
            "ncclReduceScatter(avg)");
 }
 
-void CudaBackend::add(const float* src, float* dst, std::int64_t count) { add_fp32_cuda(src, dst, count, side_); }
+void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) { add_fp32_cuda(src, dst, count, on(stream)); }
 
-void CudaBackend::fill(void* dst, unsigned char byte, std::int64_t bytes) {
-  check(cudaMemsetAsync(dst, byte, static_cast<std::size_t>(bytes), side_), "cudaMemsetAsync");
+void CudaBackend::fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) {
+  check(cudaMemsetAsync(dst, byte, static_cast<std::size_t>(bytes), on(stream)), "cudaMemsetAsync");
 }
 
-void CudaBackend::host_callback(std::function<void()> callback) {
+void CudaBackend::host_callback(Stream stream, std::function<void()> callback) {
   auto* data = new std::function<void()>(std::move(callback));
-  const cudaError_t error = cudaLaunchHostFunc(side_, run_callback, data);
+  const cudaError_t error = cudaLaunchHostFunc(on(stream), run_callback, data);
   if (error != cudaSuccess) {
     delete data;
     check(error, "cudaLaunchHostFunc");

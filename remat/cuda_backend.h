@@ -1,12 +1,14 @@
-// CudaBackend: the remat runtime on device memory, the CUDA pack/unpack kernels and NCCL. All work
-// goes to one side stream (created with the device's greatest priority) and is ordered against
-// consumer streams with pooled events: the host never synchronizes with the device, except inside
-// cudaMalloc/cudaFree, which only warm-up and teardown reach.
+// CudaBackend: the remat runtime on device memory, the CUDA pack/unpack kernels and NCCL. Work goes to
+// two side streams per group (gather, reduce-scatter; comm::StreamPool, priorities from
+// CudaStreamPriorities) and is ordered against consumer streams and each other with pooled events: the
+// host never synchronizes with the device, except inside cudaMalloc/cudaFree, which only warm-up and
+// teardown reach.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -16,13 +18,21 @@
 
 namespace gtp::remat {
 
+// Side-stream priorities (CUDA's convention: lower runs first); unset: the device's greatest priority.
+// Out of the device's range: std::invalid_argument.
+struct CudaStreamPriorities {
+  std::optional<int> gather;
+  std::optional<int> reduce_scatter;
+};
+
 class CudaBackend : public Backend {
  public:
   // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
   // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
   // Throws std::invalid_argument for an empty list or an invalid communicator, std::runtime_error
   // when CUDA fails.
-  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout);
+  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
+              CudaStreamPriorities priorities = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -31,20 +41,24 @@ class CudaBackend : public Backend {
   int group_size(int group) const override { return comm(group).size(); }
   int group_rank(int group) const override { return comm(group).rank(); }
 
-  void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
-            float* out) override;
-  void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
-  void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
-              std::int64_t out_capacity) override;
-  void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
-  void all_reduce_max(int group, float* data, std::int64_t count) override;
-  void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) override;
-  void add(const float* src, float* dst, std::int64_t count) override;
-  void fill(void* dst, unsigned char byte, std::int64_t bytes) override;
-  // The callback runs on a CUDA host-function thread and must not call CUDA.
-  void host_callback(std::function<void()> callback) override;
+  int group_count() const override { return static_cast<int>(groups_.size()); }
 
-  Stream side_stream() override { return side_; }
+  void amax(Stream stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+            float* out) override;
+  void pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
+  void unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+              std::int64_t out_capacity) override;
+  void unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                   const kernels::GemmOutputs& out) override;
+  void all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
+  void all_reduce_max(Stream stream, int group, float* data, std::int64_t count) override;
+  void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
+  void add(Stream stream, const float* src, float* dst, std::int64_t count) override;
+  void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) override;
+  // The callback runs on a CUDA host-function thread and must not call CUDA.
+  void host_callback(Stream stream, std::function<void()> callback) override;
+
+  Stream side_stream(int group, Role role) override;
   Event record(Stream stream) override;
   void wait(Stream stream, Event event) override;
   void forget(Event event) override;
@@ -61,7 +75,8 @@ class CudaBackend : public Backend {
   int device_;
   std::vector<comm::NcclComm*> groups_;
   std::chrono::milliseconds timeout_;
-  cudaStream_t side_ = nullptr;
+  comm::StreamPool streams_;
+  std::vector<cudaStream_t> side_;  // [2 * group + role], created in the constructor
   comm::EventPool events_;
   std::unordered_map<Event, cudaEvent_t> live_;
   Event next_ = 0;

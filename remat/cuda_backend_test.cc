@@ -1,15 +1,21 @@
 // The runtime on the CUDA backend with a size-1 NCCL group, end to end: register, re-pack,
-// materialize (bit-identical to the shard), gradients into the main grad. Skips without a GPU.
+// materialize (bit-identical to the shard), gradients into the main grad; the GEMM-ready layout of
+// every wire format (unpack_gemm_cuda) against the CPU reference; the side streams per role.
+// Skips without a GPU.
 #include "remat/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "comm/thread_bootstrap.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/reference.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {
@@ -44,7 +50,7 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   desc.cols = cols;
   desc.main_grad = main_grad;
   const WeightId id = runtime.register_weight(desc);
-  runtime.shard_updated(&id, 1);
+  runtime.shard_updated(&id, 1, stream);
   for (int step = 0; step < 3; ++step) {
     const auto out = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, stream);
     std::vector<std::uint16_t> got(host.size());
@@ -65,6 +71,139 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   cudaStreamDestroy(stream);
   cudaFree(shard);
   cudaFree(main_grad);
+}
+
+std::vector<unsigned char> to_host(const void* device, std::int64_t bytes) {
+  std::vector<unsigned char> host(bytes);
+  if (bytes > 0) EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  return host;
+}
+
+TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  using kernels::WireFormat;
+  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  CudaBackend backend(0, {&nccl}, milliseconds(30000));
+  EXPECT_NE(backend.side_stream(0, Role::kGather), backend.side_stream(0, Role::kReduceScatter));
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const std::int64_t rows = 40, cols = 64;
+  const std::vector<kernels::WireSpec> specs = {
+      {WireFormat::kBF16},
+      {WireFormat::kFP8},
+      {WireFormat::kMXFP8, kernels::ScaleRounding::kRceil},
+      {WireFormat::kMXFP8, kernels::ScaleRounding::kFloor},
+      {WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D},
+      {WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D}};
+  for (const kernels::WireSpec& spec : specs) {
+    const std::string name = kernels::to_string(spec.format) + "/" + kernels::to_string(spec.nvfp4_blocks) + "/" +
+                             kernels::to_string(spec.mx_rounding);
+    Runtime runtime(backend, RuntimeConfig{});
+    std::vector<float> full(rows * cols);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    for (float& v : full) v = normal(rng);
+    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, 1);
+    float* shard = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&shard), full.size() * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(shard, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    WeightDesc desc;
+    desc.name = "w";
+    desc.shard = shard;
+    desc.dtype = kernels::SourceDtype::kFP32;
+    desc.rows = rows;
+    desc.cols = cols;
+    desc.wire = spec;
+    const WeightId id = runtime.register_weight(desc);
+    runtime.shard_updated(&id, 1, stream);
+
+    // The CPU reference of the same chunk: pack with the weight's amax, then both unpacks.
+    const kernels::ChunkLayout layout = runtime.registry().get(id).layout;
+    const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+    std::vector<unsigned char> chunk(layout.chunk_bytes);
+    kernels::PackArgs args;
+    args.shard = full.data();
+    args.src_dtype = kernels::SourceDtype::kFP32;
+    args.shard_rows = geometry.shard_rows;
+    args.valid_rows = rows;
+    args.cols = cols;
+    args.amax = &amax;
+    args.chunk = chunk.data();
+    args.chunk_capacity = layout.chunk_bytes;
+    kernels::pack_reference(spec, args);
+    const kernels::GatheredChunks in{chunk.data(), layout.chunk_bytes, geometry};
+    std::vector<std::uint16_t> bf16(rows * cols);
+    kernels::unpack_reference(spec, in, bf16.data(), rows * cols * 2);
+
+    for (int step = 0; step < 2; ++step) {  // the second step is a prefetch hit
+      const auto gemm = runtime.materialize_views(&id, 1, Phase::kForward, 0, Layout::kGemm, stream);
+      const auto plain = runtime.materialize_views(&id, 1, Phase::kForward, 0, Layout::kBF16, stream);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      const auto got_bf16 = to_host(plain[0].data, rows * cols * 2);
+      EXPECT_EQ(std::memcmp(got_bf16.data(), bf16.data(), got_bf16.size()), 0) << name << " bf16 step " << step;
+      const Materialized& m = gemm[0];
+      if (spec.format == WireFormat::kBF16) {
+        EXPECT_EQ(m.layout, Layout::kBF16) << name;
+        EXPECT_EQ(to_host(m.data, rows * cols * 2), to_host(plain[0].data, rows * cols * 2)) << name;
+      } else {
+        const auto sizes = kernels::gemm_layout_sizes(spec, geometry);
+        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes),
+            data_t(sizes.transpose_supported ? sizes.transposed_data_bytes : 0),
+            scales_t(sizes.transpose_supported ? sizes.transposed_scales_bytes : 0);
+        std::vector<float> decode(sizes.decode_scale_count);
+        kernels::GemmOutputs out;
+        out.data = data.data();
+        out.data_capacity = sizes.data_bytes;
+        out.scales = scales.empty() ? nullptr : scales.data();
+        out.scales_capacity = sizes.scales_bytes;
+        out.transposed_data = data_t.empty() ? nullptr : data_t.data();
+        out.transposed_data_capacity = static_cast<std::int64_t>(data_t.size());
+        out.transposed_scales = scales_t.empty() ? nullptr : scales_t.data();
+        out.transposed_scales_capacity = static_cast<std::int64_t>(scales_t.size());
+        out.decode_scales = decode.empty() ? nullptr : decode.data();
+        out.decode_scales_capacity = sizes.decode_scale_count;
+        kernels::unpack_gemm_reference(spec, in, out);
+        EXPECT_EQ(m.layout, Layout::kGemm) << name;
+        EXPECT_EQ(to_host(m.data, sizes.data_bytes), data) << name << " data step " << step;
+        EXPECT_EQ(to_host(m.scales, static_cast<std::int64_t>(scales.size())), scales) << name << " scales";
+        EXPECT_EQ(to_host(m.transposed_data, static_cast<std::int64_t>(data_t.size())), data_t) << name << " data_t";
+        EXPECT_EQ(to_host(m.transposed_scales, static_cast<std::int64_t>(scales_t.size())), scales_t) << name;
+        const auto got = to_host(m.decode_scales, static_cast<std::int64_t>(decode.size() * sizeof(float)));
+        EXPECT_EQ(std::memcmp(got.data(), decode.data(), got.size()), 0) << name << " decode scales";
+        EXPECT_EQ(m.transposed_data == nullptr, data_t.empty()) << name;
+      }
+      runtime.release(&id, 1, stream, Layout::kGemm);
+      runtime.release(&id, 1, stream, Layout::kBF16);
+      runtime.drain(stream);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_GT(runtime.stats().prefetch_hits, 0) << name;
+    runtime.unregister_weight(id);
+    cudaFree(shard);
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  const comm::StreamPriorityRange range = comm::stream_priority_range(0);
+  CudaStreamPriorities priorities;
+  priorities.reduce_scatter = range.least;
+  CudaBackend backend(0, {&nccl}, milliseconds(30000), priorities);
+  int priority = 0;
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(backend.side_stream(0, Role::kReduceScatter)), &priority),
+            cudaSuccess);
+  EXPECT_EQ(priority, range.least);
+  ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(backend.side_stream(0, Role::kGather)), &priority),
+            cudaSuccess);
+  EXPECT_EQ(priority, range.greatest);
+  priorities.gather = range.least + 1;
+  EXPECT_THROW(CudaBackend(0, {&nccl}, milliseconds(30000), priorities), std::invalid_argument);
 }
 
 }  // namespace

@@ -15,12 +15,16 @@ Grads::~Grads() {
   for (Pending& pending : pending_) backend_.deallocate(pending.staging.ptr, pending.staging.bytes);
 }
 
-Grads::Pooled Grads::take(std::int64_t bytes) {
+Stream Grads::rs_stream(WeightId id) const {
+  return backend_.side_stream(registry_.get(id).desc.group, Role::kReduceScatter);
+}
+
+Grads::Pooled Grads::take(std::int64_t bytes, Stream stream) {
   const auto found = pool_.lower_bound(bytes);
   if (found != pool_.end() && found->first == bytes) {
     Pooled buffer = found->second;
     pool_.erase(found);
-    backend_.wait(backend_.side_stream(), buffer.ready);
+    backend_.wait(stream, buffer.ready);
     backend_.forget(buffer.ready);
     return buffer;
   }
@@ -28,8 +32,8 @@ Grads::Pooled Grads::take(std::int64_t bytes) {
   return Pooled{static_cast<float*>(backend_.allocate(bytes)), bytes, 0};
 }
 
-void Grads::give_back(Pooled buffer) {
-  buffer.ready = backend_.record(backend_.side_stream());
+void Grads::give_back(Pooled buffer, Stream stream) {
+  buffer.ready = backend_.record(stream);
   pool_.emplace(buffer.bytes, buffer);
 }
 
@@ -50,9 +54,10 @@ float* Grads::buffer(WeightId id, Stream stream) {
   const auto held = handed_out_.find(id);
   if (held != handed_out_.end()) return held->second.ptr;
   const std::int64_t bytes = weight.geometry.padded_rows * weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
-  Pooled buffer = take(bytes);
-  backend_.fill(buffer.ptr, 0, bytes);
-  backend_.order(stream, backend_.side_stream());
+  const Stream rs = rs_stream(id);
+  Pooled buffer = take(bytes, rs);
+  backend_.fill(rs, buffer.ptr, 0, bytes);
+  backend_.order(stream, rs);
   handed_out_[id] = buffer;
   return buffer.ptr;
 }
@@ -60,14 +65,15 @@ float* Grads::buffer(WeightId id, Stream stream) {
 void Grads::apply_pending() {
   for (Pending& pending : pending_) {
     const Weight& weight = registry_.get(pending.id);
+    const Stream rs = rs_stream(pending.id);  // where the staging shard was reduced into
     if (weight.valid_rows > 0) {
-      backend_.add(pending.staging.ptr, weight.desc.main_grad, weight.valid_rows * weight.desc.cols);
+      backend_.add(rs, pending.staging.ptr, weight.desc.main_grad, weight.valid_rows * weight.desc.cols);
     }
     if (config_.grad_ready) {  // by value: the callback may run after this object is gone
-      backend_.host_callback([callback = config_.grad_ready, id = pending.id] { callback(id); });
+      backend_.host_callback(rs, [callback = config_.grad_ready, id = pending.id] { callback(id); });
     }
     ++stats_.grads_ready;
-    give_back(pending.staging);
+    give_back(pending.staging, rs);
   }
   pending_.clear();
 }
@@ -86,23 +92,27 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
   }
   if (config_.accumulate_microbatches && !last_microbatch) return;
   apply_pending();
-  backend_.order(backend_.side_stream(), stream);
+  std::set<Stream> ordered;  // each group's reduce-scatter stream waits on the consumer's wgrads once
+  for (WeightId id : ids) {
+    if (ordered.insert(rs_stream(id)).second) backend_.order(rs_stream(id), stream);
+  }
   for (WeightId id : ids) {
     const Weight& weight = registry_.get(id);
+    const Stream rs = rs_stream(id);
     const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
-    Pending pending{id, take(count * static_cast<std::int64_t>(sizeof(float)))};
+    Pending pending{id, take(count * static_cast<std::int64_t>(sizeof(float)), rs)};
     Pooled full = handed_out_[id];
     handed_out_.erase(id);
-    backend_.reduce_scatter_mean(weight.desc.group, full.ptr, pending.staging.ptr, count);
+    backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, pending.staging.ptr, count);
     ++stats_.reduce_scatters;
-    give_back(full);
+    give_back(full, rs);
     pending_.push_back(pending);
   }
 }
 
 void Grads::drain(Stream stream) {
   apply_pending();
-  backend_.order(stream, backend_.side_stream());
+  backend_.join_all(stream);  // every group's gathers and reduce-scatters
 }
 
 }  // namespace gtp::remat

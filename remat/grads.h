@@ -56,14 +56,16 @@ class Grads {
   struct Pooled {
     float* ptr = nullptr;
     std::int64_t bytes = 0;
-    Event ready = 0;  // side-stream event after its last use
+    Event ready = 0;  // event after its last use (on the reduce-scatter stream that used it)
   };
   struct Pending {
     WeightId id = kNoWeight;
     Pooled staging;
   };
-  Pooled take(std::int64_t bytes);
-  void give_back(Pooled buffer);
+  // Pool buffers are shared by every group: `stream` (the user's side stream) waits on the last use.
+  Pooled take(std::int64_t bytes, Stream stream);
+  void give_back(Pooled buffer, Stream stream);
+  Stream rs_stream(WeightId id) const;
   void apply_pending();
 
   Backend& backend_;

@@ -9,7 +9,8 @@
 
 namespace gtp::remat {
 
-HostBackend::HostBackend(std::vector<comm::HostComm*> groups) : groups_(std::move(groups)) {
+HostBackend::HostBackend(std::vector<comm::HostComm*> groups)
+    : groups_(std::move(groups)), stream_tags_(2 * groups_.size()) {
   if (groups_.empty()) throw std::invalid_argument("HostBackend: no groups; pass one HostComm per group");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g] == nullptr) {
@@ -27,38 +28,48 @@ comm::HostComm& HostBackend::comm(int group) const {
   return *groups_[group];
 }
 
-void HostBackend::amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+Stream HostBackend::side_stream(int group, Role role) {
+  comm(group);  // throws for an unknown group
+  return &stream_tags_[2 * group + static_cast<int>(role)];
+}
+
+void HostBackend::amax(Stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
                        float* out) {
   *out = kernels::amax_reference(shard, dtype, rows, cols);
 }
 
-void HostBackend::pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) {
+void HostBackend::pack(Stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) {
   kernels::pack_reference(spec, args);
 }
 
-void HostBackend::unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+void HostBackend::unpack(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
                          std::int64_t out_capacity) {
   kernels::unpack_reference(spec, in, out_bf16, out_capacity);
 }
 
-void HostBackend::all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
+void HostBackend::unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                              const kernels::GemmOutputs& out) {
+  kernels::unpack_gemm_reference(spec, in, out);
+}
+
+void HostBackend::all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
   comm(group).all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank));
 }
 
-void HostBackend::all_reduce_max(int group, float* data, std::int64_t count) {
+void HostBackend::all_reduce_max(Stream, int group, float* data, std::int64_t count) {
   comm(group).all_reduce_max(data, static_cast<std::size_t>(count));
 }
 
-void HostBackend::reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) {
+void HostBackend::reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) {
   comm(group).reduce_scatter(send, recv, static_cast<std::size_t>(recv_count), comm::HostDataType::kFloat32,
                              comm::HostReduceOp::kMean);
 }
 
-void HostBackend::add(const float* src, float* dst, std::int64_t count) {
+void HostBackend::add(Stream, const float* src, float* dst, std::int64_t count) {
   for (std::int64_t i = 0; i < count; ++i) dst[i] += src[i];
 }
 
-void HostBackend::fill(void* dst, unsigned char byte, std::int64_t bytes) {
+void HostBackend::fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) {
   std::memset(dst, byte, static_cast<std::size_t>(bytes));
 }
 

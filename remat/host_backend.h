@@ -20,19 +20,25 @@ class HostBackend : public Backend {
   int group_size(int group) const override { return comm(group).size(); }
   int group_rank(int group) const override { return comm(group).rank(); }
 
-  void amax(const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
-            float* out) override;
-  void pack(const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
-  void unpack(const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
-              std::int64_t out_capacity) override;
-  void all_gather(int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
-  void all_reduce_max(int group, float* data, std::int64_t count) override;
-  void reduce_scatter_mean(int group, const float* send, float* recv, std::int64_t recv_count) override;
-  void add(const float* src, float* dst, std::int64_t count) override;
-  void fill(void* dst, unsigned char byte, std::int64_t bytes) override;
-  void host_callback(std::function<void()> callback) override { callback(); }
+  int group_count() const override { return static_cast<int>(groups_.size()); }
 
-  Stream side_stream() override { return nullptr; }
+  // Work runs at once, whatever the stream; the runtime still names the right side stream.
+  void amax(Stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
+            float* out) override;
+  void pack(Stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
+  void unpack(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
+              std::int64_t out_capacity) override;
+  void unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
+                   const kernels::GemmOutputs& out) override;
+  void all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
+  void all_reduce_max(Stream, int group, float* data, std::int64_t count) override;
+  void reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
+  void add(Stream, const float* src, float* dst, std::int64_t count) override;
+  void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
+  void host_callback(Stream, std::function<void()> callback) override { callback(); }
+
+  // A distinct non-null handle per (group, role), so ordering calls stay distinguishable.
+  Stream side_stream(int group, Role role) override;
   Event record(Stream) override { return ++events_; }
   void wait(Stream, Event) override {}
   void forget(Event) override {}
@@ -45,6 +51,7 @@ class HostBackend : public Backend {
   comm::HostComm& comm(int group) const;
 
   std::vector<comm::HostComm*> groups_;
+  std::vector<char> stream_tags_;  // 2 per group: the addresses are the side-stream handles
   Event events_ = 0;
 };
 

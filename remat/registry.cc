@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 namespace gtp::remat {
@@ -34,7 +35,32 @@ const Weight& Registry::get(WeightId id) const {
   return weights_[id];
 }
 
+Stream Registry::gather_stream(const Weight& weight) const {
+  return backend_.side_stream(weight.desc.group, Role::kGather);
+}
+
 Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
+
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry) {
+  GemmPlacement p;
+  if (spec.format == kernels::WireFormat::kBF16) return p;
+  p.sizes = kernels::gemm_layout_sizes(spec, geometry);
+  std::int64_t next = 0;
+  const auto section = [&](std::int64_t bytes) {
+    const std::int64_t offset = next;
+    next += kernels::round_up(bytes, kernels::kSectionAlignment);
+    return offset;
+  };
+  p.data = section(p.sizes.data_bytes);
+  p.scales = section(p.sizes.scales_bytes);
+  // The exact transpose is always produced where it exists (FP8 for Hopper's other operand
+  // orientation, NVFP4 2D); MXFP8 and NVFP4 1D have none.
+  p.transposed_data = section(p.sizes.transpose_supported ? p.sizes.transposed_data_bytes : 0);
+  p.transposed_scales = section(p.sizes.transpose_supported ? p.sizes.transposed_scales_bytes : 0);
+  p.decode_scales = section(p.sizes.decode_scale_count * static_cast<std::int64_t>(sizeof(float)));
+  p.bytes = next;
+  return p;
+}
 
 WeightId Registry::add(const WeightDesc& desc) {
   Weight weight;
@@ -43,7 +69,9 @@ WeightId Registry::add(const WeightDesc& desc) {
   weight.geometry = kernels::weight_geometry(desc.wire.format, desc.rows, desc.cols, g);
   weight.layout = kernels::chunk_layout(desc.wire, weight.geometry.shard_rows, desc.cols);
   weight.valid_rows = weight.geometry.valid_rows(backend_.group_rank(desc.group));
-  weight.output_bytes = kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment);
+  weight.gemm = gemm_placement(desc.wire, weight.geometry);
+  weight.output_bytes =
+      std::max(kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment), weight.gemm.bytes);
   if (weight.valid_rows > 0 && desc.shard == nullptr) {
     throw std::invalid_argument(quoted(desc) + ": shard is null but this rank holds " +
                                 std::to_string(weight.valid_rows) + " rows; pass the shard pointer");
@@ -97,8 +125,17 @@ std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) cons
   return out;
 }
 
-void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
+void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const std::vector<WeightId> all = expand(ids, n);
+  std::set<int> groups;
+  for (WeightId id : all) groups.insert(weights_[id].desc.group);
+  // Once per optimizer step: each involved gather stream joins the optimizer's stream and every side
+  // stream (reduce-scatters included), so the re-pack is ordered after all of them.
+  for (int group : groups) {
+    const Stream gather = backend_.side_stream(group, Role::kGather);
+    backend_.order(gather, stream);
+    backend_.join_all(gather);
+  }
   // One batched amax reduction per group, groups in ascending order (the same on every rank).
   std::map<int, std::vector<WeightId>> by_group;
   std::int64_t amax_count = 0;
@@ -122,13 +159,13 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
     for (WeightId id : members) {
       const Weight& weight = weights_[id];
       if (weight.valid_rows > 0) {
-        backend_.amax(weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
+        backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
       } else {
-        backend_.fill(next, 0, sizeof(float));
+        backend_.fill(gather_stream(weight), next, 0, sizeof(float));
       }
       amax[id] = next++;
     }
-    backend_.all_reduce_max(group, values, next - values);
+    backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
   }
   for (WeightId id : all) {
     Weight& weight = weights_[id];
@@ -142,7 +179,7 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n) {
     args.amax = reduced == amax.end() ? nullptr : reduced->second;
     args.chunk = weight.chunk;
     args.chunk_capacity = weight.layout.chunk_bytes;
-    backend_.pack(weight.desc.wire, args);
+    backend_.pack(gather_stream(weight), weight.desc.wire, args);
     ++weight.version;
   }
 }

@@ -28,12 +28,24 @@ struct WeightDesc {
   WeightId expert_leader = kNoWeight;   // set on every expert but the first: the group's first weight
 };
 
+// Where the GEMM-ready outputs of one weight sit in its output region (byte offsets from the region's
+// start, each section on kSectionAlignment). BF16 wire: no sections (its GEMM layout is the BF16 weight).
+struct GemmPlacement {
+  kernels::GemmLayoutSizes sizes;
+  std::int64_t data = 0, scales = 0, transposed_data = 0, transposed_scales = 0, decode_scales = 0;
+  std::int64_t bytes = 0;  // the whole GEMM output region
+};
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry);
+
 struct Weight {
   WeightDesc desc;
   kernels::WeightGeometry geometry;
   kernels::ChunkLayout layout;
   std::int64_t valid_rows = 0;          // rows of this rank's shard
-  std::int64_t output_bytes = 0;        // BF16 rows x cols, rounded to kSectionAlignment
+  GemmPlacement gemm;                   // the GEMM-ready layout within the output region
+  // The output region of a slot: the larger of the BF16 weight (rows x cols x 2) and the GEMM layout,
+  // rounded to kSectionAlignment, so any slot serves either layout of the weight.
+  std::int64_t output_bytes = 0;
   void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes)
   std::uint64_t version = 0;            // packs so far; 0: never packed
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
@@ -62,10 +74,14 @@ class Registry {
   // Re-packs the chunks of `ids` (leaders: with their experts) from their shards. FP8 and NVFP4 encode
   // with the tensor amax over the whole weight: every local amax is reduced in one all_reduce_max per
   // group. Collective: every rank of each group involved calls it with the same ids in the same order.
-  void shard_updated(const WeightId* ids, std::int64_t n);
+  // The shards are read after the work enqueued so far on `stream` (the optimizer's), and after every
+  // side stream's work: an in-flight reduce-scatter or a gather of another group still reading a chunk
+  // (or the shared amax scratch) is never overtaken.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
 
  private:
   Weight& at(WeightId id);
+  Stream gather_stream(const Weight& weight) const;
 
   Backend& backend_;
   std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null

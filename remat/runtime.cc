@@ -11,6 +11,31 @@ namespace {
 
 constexpr int kPhases = 3;
 
+// The GEMM-ready sections of `w` in the output region at `region`; absent sections stay null.
+kernels::GemmOutputs gemm_outputs(const Weight& w, char* region) {
+  const GemmPlacement& p = w.gemm;
+  kernels::GemmOutputs out;
+  out.data = region + p.data;
+  out.data_capacity = p.sizes.data_bytes;
+  if (p.sizes.scales_bytes > 0) {
+    out.scales = region + p.scales;
+    out.scales_capacity = p.sizes.scales_bytes;
+  }
+  if (p.sizes.transpose_supported) {
+    out.transposed_data = region + p.transposed_data;
+    out.transposed_data_capacity = p.sizes.transposed_data_bytes;
+    if (p.sizes.transposed_scales_bytes > 0) {
+      out.transposed_scales = region + p.transposed_scales;
+      out.transposed_scales_capacity = p.sizes.transposed_scales_bytes;
+    }
+  }
+  if (p.sizes.decode_scale_count > 0) {
+    out.decode_scales = reinterpret_cast<float*>(region + p.decode_scales);
+    out.decode_scales_capacity = p.sizes.decode_scale_count;
+  }
+  return out;
+}
+
 }  // namespace
 
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
@@ -54,17 +79,36 @@ std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
   return out;
 }
 
-// Slot layout, per weight of the key: the G gathered chunks, then the unpacked BF16 output.
+// Slot layout, per weight of the key: the G gathered chunks, then the output region (BF16 weight or
+// GEMM-ready sections, Weight::gemm), sized for the larger of the two.
+// A key fills on the gather stream of its first weight's group; a key that spans groups first joins
+// the other groups' gather streams, where its chunks were packed.
+Stream Runtime::fill_stream(const ChainKey& key) {
+  return backend_.side_stream(registry_.get(key.front()).desc.group, Role::kGather);
+}
+
 void Runtime::fill(int index, const ChainKey& key, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
   Cache::Slot& slot = cache_.slot(index);
+  const Stream stream = slot.filler;
+  std::set<Stream> joined = {stream};
+  for (WeightId id : key) {
+    const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
+    if (joined.insert(gather).second) backend_.order(stream, gather);
+  }
   char* next = static_cast<char*>(slot.ptr);
   std::string names;
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-    backend_.all_gather(w.desc.group, w.chunk, next, w.layout.chunk_bytes);
-    backend_.unpack(w.desc.wire, kernels::GatheredChunks{next, gathered, w.geometry}, next + gathered, w.output_bytes);
+    backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+    const kernels::GatheredChunks chunks{next, gathered, w.geometry};
+    char* region = next + gathered;
+    if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
+      backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
+    } else {
+      backend_.unpack(stream, w.desc.wire, chunks, region, w.output_bytes);
+    }
     next += gathered + w.output_bytes;
     if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
     weight_stats_[id].gathered_bytes += gathered;
@@ -73,17 +117,32 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
   slot.key = key;
   slot.versions = versions(key);
   if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
-  slot.ready = backend_.record(backend_.side_stream());
+  slot.ready = backend_.record(stream);
   if (trace_.enabled()) trace_.add("gather " + names, why, start);
 }
 
-std::vector<void*> Runtime::outputs(int index, const ChainKey& key) {
-  std::vector<void*> out;
+std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
+  std::vector<Materialized> out;
   char* next = static_cast<char*>(cache_.slot(index).ptr);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     next += w.geometry.group_size * w.layout.chunk_bytes;
-    out.push_back(next);
+    Materialized m;
+    m.wire = w.desc.wire;
+    m.rows = w.desc.rows;
+    m.cols = w.desc.cols;
+    m.shard_rows = w.geometry.shard_rows;
+    m.data = next;
+    if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
+      const kernels::GemmOutputs g = gemm_outputs(w, next);
+      m.layout = Layout::kGemm;
+      m.scales = g.scales;
+      m.transposed_data = g.transposed_data;
+      m.transposed_scales = g.transposed_scales;
+      m.decode_scales = g.decode_scales;
+      m.gemm = w.gemm.sizes;
+    }
+    out.push_back(m);
     next += w.output_bytes;
   }
   return out;
@@ -114,7 +173,7 @@ void Runtime::refill(int chain) {
       }
     }
     if (prefetched >= config_.depth) return;
-    const int index = cache_.take(bytes_for(key), /*on_demand=*/false);
+    const int index = cache_.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
     if (index < 0) return;
     fill(index, key, "prefetch");
     Cache::Slot& slot = cache_.slot(index);
@@ -128,10 +187,17 @@ void Runtime::refill(int chain) {
 
 std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
                                         Stream stream) {
-  if (layout != Layout::kBF16) {
-    throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16");
+  std::vector<void*> out;
+  for (const Materialized& m : materialize_views(ids, n, phase, chunk, layout, stream)) out.push_back(m.data);
+  return out;
+}
+
+std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::int64_t n, Phase phase, int chunk,
+                                                     Layout layout, Stream stream) {
+  if (layout != Layout::kBF16 && layout != Layout::kGemm) {
+    throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16 or GEMM");
   }
-  const ChainKey key = registry_.expand(ids, n);
+  const ChainKey key(registry_.expand(ids, n), layout);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     if (w.version == 0) {
@@ -151,7 +217,7 @@ std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Pha
   if (hit) {
     ++stats_.prefetch_hits;
   } else {
-    index = cache_.take(bytes_for(key), /*on_demand=*/true);
+    index = cache_.take(bytes_for(key), /*on_demand=*/true, fill_stream(key));
     fill(index, key, "exposed");
     ++stats_.exposed_gathers;
   }
@@ -170,18 +236,29 @@ std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Pha
   slot.ready = 0;
   ++stats_.materializations;
   active_chain_ = c;
-  std::vector<void*> out = outputs(index, key);
+  std::vector<Materialized> out = outputs(index, key);
   refill(c);
   return out;
 }
 
-void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream) {
-  const ChainKey key = registry_.expand(ids, n);
+void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout) {
+  ChainKey key(registry_.expand(ids, n), layout.value_or(Layout::kBF16));
+  if (!layout) {
+    const int bf16 = cache_.find_held(key);
+    key.layout = Layout::kGemm;
+    const int gemm = cache_.find_held(key);
+    if (bf16 >= 0 && gemm >= 0) {
+      throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name +
+                                  "' is materialized in both the BF16 and the GEMM layout; name the layout to release");
+    }
+    if (gemm < 0) key.layout = Layout::kBF16;
+  }
   const int index = cache_.find_held(key);
   if (index < 0) {
     throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name + "'" +
                                 (key.size() > 1 ? " and the others listed" : "") +
-                                " are not materialized (a double release, or a release without materialize); "
+                                " are not materialized" + (layout ? " in the " + to_string(*layout) + " layout" : std::string()) +
+                                " (a double release, or a release without materialize); "
                                 "release exactly the ids passed to materialize, once");
   }
   cache_.release(index, backend_.record(stream));
@@ -203,10 +280,10 @@ void Runtime::drain(Stream stream) {
   refill(head);
 }
 
-void Runtime::shard_updated(const WeightId* ids, std::int64_t n) {
+void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const ChainKey updated = registry_.expand(ids, n);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  registry_.shard_updated(ids, n);
+  registry_.shard_updated(ids, n, stream);
   if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
   for (int i = 0; i < cache_.size(); ++i) {

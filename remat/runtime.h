@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,26 @@
 
 namespace gtp::remat {
 
-// How materialized weights are laid out. BF16: [rows, cols] row-major, padding stripped, decoded from
-// the wire chunks (bit-identical to the unsharded BF16 weight on the BF16 wire).
-enum class Layout { kBF16 };
+// One materialized weight (Layout is in chain.h). Pointers are backend memory inside the slot, valid
+// until the consumer's release. BF16 layout (and the GEMM layout of the BF16 wire): `data` is the BF16
+// weight [rows, cols], the rest null / 0. GEMM layout (FP8, MXFP8, NVFP4, sizes in `gemm`):
+// `data` [gemm_rows, cols] codes (NVFP4 two per byte); `scales` MXFP8 [gemm_rows, cols/32] E8M0,
+// NVFP4 1D [gemm_rows, cols/16] and 2D [gemm_rows/16, cols/16] E4M3 (null for FP8);
+// `transposed_data` FP8 [cols, gemm_rows], NVFP4 2D [cols, gemm_rows/2] (null for MXFP8 and NVFP4 1D);
+// `transposed_scales` NVFP4 2D [cols/16, gemm_rows/16]; `decode_scales` FP8 / NVFP4 one FP32 per
+// chunk (gemm.decode_scale_count = G; equal when pack used the shared amax, as the registry does).
+struct Materialized {
+  Layout layout = Layout::kBF16;  // the layout actually produced (kBF16 for GEMM of the BF16 wire)
+  kernels::WireSpec wire;
+  std::int64_t rows = 0, cols = 0;
+  std::int64_t shard_rows = 0;  // rows per wire chunk: decode_scales[g] covers [g, g + 1) x shard_rows
+  void* data = nullptr;
+  void* scales = nullptr;
+  void* transposed_data = nullptr;
+  void* transposed_scales = nullptr;
+  const float* decode_scales = nullptr;
+  kernels::GemmLayoutSizes gemm;  // all zero for the BF16 layout
+};
 
 struct RuntimeConfig {
   int depth = 1;  // chain entries prefetched ahead of the consumer, 0 (no prefetch, as profiles allow)..kMaxDepth
@@ -52,16 +70,22 @@ class Runtime {
   WeightId register_weight(const WeightDesc& desc) { return registry_.add(desc); }
   // Refused (std::invalid_argument) while the weight is materialized or has gradients in flight.
   void unregister_weight(WeightId id);
-  // Collective re-pack (Registry::shard_updated); prefetched copies of these weights are re-gathered.
-  void shard_updated(const WeightId* ids, std::int64_t n);
+  // Collective re-pack (Registry::shard_updated) after the optimizer's work on `stream`; prefetched
+  // copies of these weights are re-gathered.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
 
-  // The full weights of `ids` (leaders expanded into their experts), one pointer per expanded weight,
-  // usable on `stream` once its earlier work is done. `chunk` selects the model chunk (VPP) chain.
+  // The full weights of `ids` (leaders expanded into their experts) in `layout`, one entry per
+  // expanded weight, usable on `stream` once its earlier work is done. `chunk` selects the model chunk
+  // (VPP) chain. The same weights in another layout are another key: their own slot and chain entry.
+  std::vector<Materialized> materialize_views(const WeightId* ids, std::int64_t n, Phase phase, int chunk,
+                                              Layout layout, Stream stream);
+  // materialize_views reduced to each weight's `data` pointer (the BF16 weight in Layout::kBF16).
   std::vector<void*> materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
                                  Stream stream);
   // Ends this consumer's use (after its work on `stream`). The ids must be those of an outstanding
   // materialize; anything else (double release, release without materialize) is std::invalid_argument.
-  void release(const WeightId* ids, std::int64_t n, Stream stream);
+  // Without `layout`, the weights must be held in one layout only (else std::invalid_argument: name it).
+  void release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout = std::nullopt);
 
   float* grad_buffer(WeightId id, Stream stream) { return grads_.buffer(id, stream); }
   void finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream);
@@ -84,10 +108,11 @@ class Runtime {
  private:
   int chain_index(Phase phase, int chunk);
   std::int64_t bytes_for(const ChainKey& key) const;
+  Stream fill_stream(const ChainKey& key);
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
   // Gathers and unpacks `key` into the slot; `why` is the trace category.
   void fill(int slot, const ChainKey& key, const char* why);
-  std::vector<void*> outputs(int slot, const ChainKey& key);
+  std::vector<Materialized> outputs(int slot, const ChainKey& key);
   void refill(int chain);
 
   Backend& backend_;

@@ -145,6 +145,14 @@ TEST(Runtime, MemoryBudgetMakesPrefetchWaitAndIsNeverExceeded) {
   });
 }
 
+TEST(Runtime, GemmLayoutMatchesTheReferenceGemmUnpackWithMixedBf16Consumers) {
+  for (int g : {2, 4}) {
+    for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
+      on_ranks(g, [&](comm::HostComm& comm) { testing::check_gemm_layout(comm, spec); });
+    }
+  }
+}
+
 TEST(Runtime, EveryWireFormatMatchesTheReferenceDecode) {
   for (int g : {2, 4}) {
     for (const kernels::WireSpec& spec : testing::all_wire_specs()) {
@@ -170,7 +178,7 @@ std::vector<WeightId> register_model(Runtime& runtime, comm::HostComm& comm, std
     desc.cols = shapes[l].cols;
     ids.push_back(runtime.register_weight(desc));
   }
-  runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+  runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), nullptr);
   return ids;
 }
 
@@ -273,7 +281,7 @@ TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
     desc.rows = shape.rows;
     desc.cols = shape.cols;
     ids.push_back(runtime.register_weight(desc));
-    runtime.shard_updated(&ids[2], 1);
+    runtime.shard_updated(&ids[2], 1, nullptr);
     step();
     const std::int64_t mismatches = runtime.stats().chain_mismatches;
     EXPECT_EQ(mismatches, 3);  // forward, recompute and backward chains of chunk 1
@@ -375,7 +383,7 @@ TEST(Runtime, MisuseIsRefusedWithAMessage) {
     const WeightId id = runtime.register_weight(desc);
     expect_error<std::invalid_argument>(
         [&] { runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "never packed");
-    runtime.shard_updated(&id, 1);
+    runtime.shard_updated(&id, 1, nullptr);
     const WeightId unknown = 42;
     expect_error<std::invalid_argument>(
         [&] { runtime.materialize(&unknown, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "42 is not registered");
@@ -393,13 +401,13 @@ TEST(Runtime, MisuseIsRefusedWithAMessage) {
     runtime.grad_buffer(with_grad, nullptr);
     expect_error<std::invalid_argument>([&] { runtime.unregister_weight(with_grad); }, "finalize and drain first");
     runtime.unregister_weight(id);
-    expect_error<std::invalid_argument>([&] { runtime.shard_updated(&id, 1); }, "is not registered");
+    expect_error<std::invalid_argument>([&] { runtime.shard_updated(&id, 1, nullptr); }, "is not registered");
 
     RuntimeConfig tight;
     tight.cache.budget_bytes = 256;
     Runtime small(backend, tight);
     const WeightId big = small.register_weight(desc);
-    small.shard_updated(&big, 1);
+    small.shard_updated(&big, 1, nullptr);
     expect_error<std::runtime_error>(
         [&] { small.materialize(&big, 1, Phase::kForward, 0, Layout::kBF16, nullptr); }, "memory budget of 256 bytes");
   });

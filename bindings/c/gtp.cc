@@ -165,6 +165,46 @@ std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, s
   return ids;
 }
 
+gtp_section_t section(void* ptr, gtp_elem_t dtype, std::int64_t rows, std::int64_t cols) {
+  if (ptr == nullptr) return gtp_section_t{nullptr, GTP_ELEM_NONE, 0, 0, 0};
+  return gtp_section_t{ptr, dtype, rows, cols, cols};
+}
+
+// A runtime view as the C struct (docs/c-abi.md, gtp_materialized_t).
+gtp_materialized_t to_c(const gtp::remat::Materialized& m) {
+  using gtp::kernels::WireFormat;
+  gtp_materialized_t c = GTP_MATERIALIZED_INITIALIZER;
+  c.wire = static_cast<gtp_wire_t>(static_cast<int>(m.wire.format));
+  c.nvfp4_2d = m.wire.format == WireFormat::kNVFP4 && m.wire.nvfp4_blocks == gtp::kernels::Nvfp4Blocks::k2D;
+  c.rows = m.rows;
+  c.cols = m.cols;
+  if (m.layout == gtp::remat::Layout::kBF16) {
+    c.layout = GTP_LAYOUT_BF16;
+    c.data = section(m.data, GTP_ELEM_BF16, m.rows, m.cols);
+    return c;
+  }
+  c.layout = GTP_LAYOUT_GEMM;
+  const std::int64_t r = m.gemm.gemm_rows;
+  const bool nvfp4 = m.wire.format == WireFormat::kNVFP4;
+  const gtp_elem_t code = nvfp4 ? GTP_ELEM_E2M1 : GTP_ELEM_E4M3;
+  c.gemm_rows = r;
+  c.data = section(m.data, code, r, m.cols);
+  c.data_t = section(m.transposed_data, code, m.cols, r);
+  if (m.wire.format == WireFormat::kMXFP8) {
+    c.scales = section(m.scales, GTP_ELEM_E8M0, r, m.cols / 32);
+    c.scale_block_rows = 1;
+    c.scale_block_cols = 32;
+  } else if (nvfp4) {
+    c.scale_block_rows = c.nvfp4_2d ? 16 : 1;
+    c.scale_block_cols = 16;
+    c.scales = section(m.scales, GTP_ELEM_E4M3, r / c.scale_block_rows, m.cols / 16);
+    c.scales_t = section(m.transposed_scales, GTP_ELEM_E4M3, m.cols / 16, r / 16);
+  }
+  c.decode_scales = section(const_cast<float*>(m.decode_scales), GTP_ELEM_FP32, m.gemm.decode_scale_count, 1);
+  if (m.gemm.decode_scale_count > 0) c.decode_scale_rows = m.shard_rows;
+  return c;
+}
+
 void check_struct_size(size_t given, size_t expected, const char* type) {
   require(given == expected, std::string(type) + ".struct_size is " + std::to_string(given) + " but this library expects " +
                                  std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
@@ -349,10 +389,10 @@ gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
                     InvalidArgumentIs::kState);
 }
 
-gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t) {
+gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream) {
   return on_context(ctx, "gtp_weights_shard_updated", [&] {
     const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
-    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()));
+    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
   });
 }
 
@@ -368,6 +408,8 @@ gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t 
     const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
     require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
                                           std::to_string(expanded) + " (experts follow their leader)");
+    require(as_int(layout) != GTP_LAYOUT_GEMM,
+            "layout GTP_LAYOUT_GEMM needs several pointers per weight; call gtp_materialize_views");
     const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
                                                               model_chunk, static_cast<gtp::remat::Layout>(as_int(layout)), stream);
     std::copy(ptrs.begin(), ptrs.end(), out_ptrs);
@@ -381,6 +423,46 @@ gtp_status_t gtp_release(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, c
   if (status != GTP_SUCCESS) return status;
   return on_context(ctx, "gtp_release", [&] {
     ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+  }, InvalidArgumentIs::kState);
+}
+
+gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,
+                                   int32_t model_chunk, gtp_layout_t layout, gtp_materialized_t* out,
+                                   size_t out_capacity, size_t* out_count, cudaStream_t stream) {
+  return on_context(ctx, "gtp_materialize_views", [&] {
+    require(n > 0, "n is 0; materialize at least one weight");
+    require(out != nullptr, "out is NULL");
+    require(out_count != nullptr, "out_count is NULL");
+    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    const std::int64_t count = static_cast<std::int64_t>(ids.size());
+    const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
+    require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
+                                          std::to_string(expanded) + " (experts follow their leader)");
+    for (size_t i = 0; i < expanded; ++i) {
+      check_struct_size(out[i].struct_size, sizeof(gtp_materialized_t),
+                        ("gtp_materialized_t (out[" + std::to_string(i) + "])").c_str());
+    }
+    const std::vector<gtp::remat::Materialized> views = ctx->runtime->materialize_views(
+        ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)), model_chunk,
+        static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    for (size_t i = 0; i < views.size(); ++i) out[i] = to_c(views[i]);
+    *out_count = views.size();
+  });
+}
+
+gtp_status_t gtp_release_layout(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_layout_t layout,
+                                cudaStream_t stream) {
+  std::vector<WeightId> ids;
+  const gtp_status_t status = on_context(ctx, "gtp_release_layout", [&] {
+    ids = ids_of(*ctx, ws, n);
+    const int l = as_int(layout);
+    require(l == GTP_LAYOUT_BF16 || l == GTP_LAYOUT_GEMM,
+            "layout " + std::to_string(l) + " is unknown; use GTP_LAYOUT_BF16 or GTP_LAYOUT_GEMM");
+  });
+  if (status != GTP_SUCCESS) return status;
+  return on_context(ctx, "gtp_release_layout", [&] {
+    ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream,
+                          static_cast<gtp::remat::Layout>(as_int(layout)));
   }, InvalidArgumentIs::kState);
 }
 

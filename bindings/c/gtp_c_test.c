@@ -51,6 +51,7 @@ int main(void) {
   gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
   gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
   gtp_weight_t w;
+  gtp_materialized_t view = GTP_MATERIALIZED_INITIALIZER;
   static uint16_t shard[ROWS * COLS];
   static float main_grad[ROWS * COLS];
   void* full = NULL;
@@ -93,6 +94,13 @@ int main(void) {
   CHECK(count == 1 && full != NULL && memcmp(full, shard, sizeof shard) == 0);
   CHECK_STATUS(gtp_release(ctx, &w, 1, NULL), GTP_SUCCESS, ctx);
   CHECK_STATUS(gtp_release(ctx, &w, 1, NULL), GTP_ERROR_INVALID_STATE, ctx);
+  /* The GEMM layout of the BF16 wire is the BF16 weight. */
+  CHECK_STATUS(gtp_materialize_views(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, &view, 1, &count, NULL),
+               GTP_SUCCESS, ctx);
+  CHECK(count == 1 && view.layout == GTP_LAYOUT_BF16 && view.data.dtype == GTP_ELEM_BF16 && view.data.rows == ROWS &&
+        view.data.ld == COLS && view.scales.ptr == NULL && memcmp(view.data.ptr, shard, sizeof shard) == 0);
+  CHECK_STATUS(gtp_release_layout(ctx, &w, 1, GTP_LAYOUT_BF16, NULL), GTP_ERROR_INVALID_STATE, ctx);
+  CHECK_STATUS(gtp_release_layout(ctx, &w, 1, GTP_LAYOUT_GEMM, NULL), GTP_SUCCESS, ctx);
 
   CHECK_STATUS(gtp_finalize(ctx, &w, 1, 1, NULL), GTP_ERROR_INVALID_STATE, ctx);
   CHECK_STATUS(gtp_grad_buffer(ctx, w, &grad, NULL), GTP_SUCCESS, ctx);

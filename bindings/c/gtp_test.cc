@@ -15,6 +15,7 @@
 
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
+#include "kernels/reference.h"
 
 namespace {
 
@@ -213,6 +214,177 @@ TEST(CAbi, ExpertGroupMaterializesEveryExpertAfterItsLeader) {
         for (int64_t c = 0; c < kCols; ++c) ASSERT_EQ(full[r * kCols + c], full_weight(r, c) + e) << e << ":" << r;
     }
     ASSERT_EQ(gtp_release(ctx, experts, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
+// The GEMM layout through gtp_materialize_views: an expert group (2 experts) on each quantized wire,
+// both layouts held at once; every section, dtype, shape and decode scale equals the CPU reference's
+// GEMM-ready unpack of the chunks a single process packs; then the misuse of the new calls.
+float gemm_source(int expert, int64_t row, int64_t col) {  // exact in BF16, so BF16 and FP32 shards agree
+  return static_cast<float>(((row * 7 + col * 3 + expert * 5) % 23) - 11) * 0.125f;
+}
+
+TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
+  using gtp::kernels::WireFormat;
+  struct Wire {
+    gtp_wire_t wire;
+    gtp::kernels::WireSpec spec;
+  };
+  // NVFP4 through the C ABI is 1D (the descriptor has no block-shape field yet).
+  const std::vector<Wire> wires = {{GTP_WIRE_FP8, {WireFormat::kFP8}},
+                                   {GTP_WIRE_MXFP8, {WireFormat::kMXFP8}},
+                                   {GTP_WIRE_NVFP4, {WireFormat::kNVFP4}},
+                                   {GTP_WIRE_BF16, {WireFormat::kBF16}}};
+  constexpr int kWorld = 2, kExperts = 2;
+  constexpr int64_t rows = 40, cols = 64;
+  on_ranks(kWorld, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks);  // G = EG = 2
+    ASSERT_NE(ctx, nullptr);
+    for (const Wire& wire : wires) {
+      const auto geometry = gtp::kernels::weight_geometry(wire.spec.format, rows, cols, kWorld);
+      const auto layout = gtp::kernels::chunk_layout(wire.spec, geometry.shard_rows, cols);
+      std::vector<std::vector<float>> shards(kExperts, std::vector<float>(geometry.shard_rows * cols));
+      gtp_weight_t experts[kExperts];
+      for (int e = 0; e < kExperts; ++e) {
+        for (int64_t r = 0; r < geometry.valid_rows(rank); ++r)
+          for (int64_t c = 0; c < cols; ++c) shards[e][r * cols + c] = gemm_source(e, rank * geometry.shard_rows + r, c);
+        gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+        desc.name = "gemm_expert";
+        desc.shard = shards[e].data();
+        desc.dtype = GTP_DTYPE_FP32;
+        desc.rows = rows;
+        desc.cols = cols;
+        desc.wire = wire.wire;
+        desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
+        desc.expert_leader = e == 0 ? nullptr : &experts[0];
+        ASSERT_EQ(gtp_weight_register(ctx, &desc, &experts[e]), GTP_SUCCESS) << gtp_last_error(ctx);
+      }
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, experts, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+
+      gtp_materialized_t views[kExperts] = {GTP_MATERIALIZED_INITIALIZER, GTP_MATERIALIZED_INITIALIZER};
+      size_t count = 99;
+      // Misuse first: nothing is written on failure.
+      EXPECT_GTP_ERROR(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, nullptr, 2, &count,
+                                             nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "out is NULL");
+      EXPECT_GTP_ERROR(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 2, nullptr,
+                                             nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "out_count is NULL");
+      EXPECT_GTP_ERROR(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 1, &count,
+                                             nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "expand to 2");
+      views[1].struct_size = sizeof(gtp_materialized_t) - 8;
+      EXPECT_GTP_ERROR(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 2, &count,
+                                             nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "out[1]).struct_size");
+      views[1].struct_size = sizeof(gtp_materialized_t);
+      EXPECT_GTP_ERROR(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, static_cast<gtp_layout_t>(7), views,
+                                             2, &count, nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "layout 7");
+      void* ptrs[kExperts] = {nullptr, nullptr};
+      EXPECT_GTP_ERROR(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, ptrs, 2, &count, nullptr),
+                       GTP_ERROR_INVALID_ARGUMENT, ctx, "gtp_materialize_views");
+      EXPECT_EQ(count, 99u);
+      EXPECT_EQ(views[0].data.ptr, nullptr);
+      EXPECT_EQ(ptrs[0], nullptr);
+
+      ASSERT_EQ(gtp_materialize_views(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 2, &count, nullptr),
+                GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(count, 2u);
+      // A BF16 consumer of the same weights in the same step: another key, another buffer.
+      ASSERT_EQ(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 2, &count, nullptr),
+                GTP_SUCCESS) << gtp_last_error(ctx);
+      const std::string name = gtp::kernels::to_string(wire.spec.format);
+      for (int e = 0; e < kExperts; ++e) {
+        std::vector<float> full(rows * cols);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) full[r * cols + c] = gemm_source(e, r, c);
+        const float amax = gtp::kernels::amax_reference(full.data(), gtp::kernels::SourceDtype::kFP32, rows, cols);
+        std::vector<unsigned char> chunks(kWorld * layout.chunk_bytes);
+        for (int r = 0; r < kWorld; ++r) {
+          gtp::kernels::PackArgs args;
+          args.shard = full.data() + r * geometry.shard_rows * cols;
+          args.src_dtype = gtp::kernels::SourceDtype::kFP32;
+          args.shard_rows = geometry.shard_rows;
+          args.valid_rows = geometry.valid_rows(r);
+          args.cols = cols;
+          args.amax = &amax;
+          args.chunk = chunks.data() + r * layout.chunk_bytes;
+          args.chunk_capacity = layout.chunk_bytes;
+          gtp::kernels::pack_reference(wire.spec, args);
+        }
+        const gtp::kernels::GatheredChunks in{chunks.data(), static_cast<int64_t>(chunks.size()), geometry};
+        std::vector<uint16_t> bf16(rows * cols);
+        gtp::kernels::unpack_reference(wire.spec, in, bf16.data(), rows * cols * 2);
+        EXPECT_EQ(std::memcmp(ptrs[e], bf16.data(), bf16.size() * 2), 0) << name << " bf16 expert " << e;
+        const gtp_materialized_t& v = views[e];
+        EXPECT_EQ(v.struct_size, sizeof(gtp_materialized_t));
+        EXPECT_EQ(v.wire, wire.wire);
+        EXPECT_EQ(v.rows, rows);
+        EXPECT_EQ(v.cols, cols);
+        EXPECT_NE(v.data.ptr, ptrs[e]) << name;
+        if (wire.wire == GTP_WIRE_BF16) {  // GEMM of the BF16 wire is the BF16 weight
+          EXPECT_EQ(v.layout, GTP_LAYOUT_BF16);
+          EXPECT_EQ(v.data.dtype, GTP_ELEM_BF16);
+          EXPECT_EQ(v.scales.ptr, nullptr);
+          EXPECT_EQ(v.decode_scales.ptr, nullptr);
+          EXPECT_EQ(std::memcmp(v.data.ptr, bf16.data(), bf16.size() * 2), 0) << name;
+          continue;
+        }
+        const auto sizes = gtp::kernels::gemm_layout_sizes(wire.spec, geometry);
+        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes), data_t(sizes.transposed_data_bytes);
+        std::vector<float> decode(sizes.decode_scale_count);
+        gtp::kernels::GemmOutputs out;
+        out.data = data.data();
+        out.data_capacity = sizes.data_bytes;
+        out.scales = sizes.scales_bytes > 0 ? scales.data() : nullptr;
+        out.scales_capacity = sizes.scales_bytes;
+        out.transposed_data = sizes.transpose_supported ? data_t.data() : nullptr;
+        out.transposed_data_capacity = sizes.transpose_supported ? sizes.transposed_data_bytes : 0;
+        out.decode_scales = sizes.decode_scale_count > 0 ? decode.data() : nullptr;
+        out.decode_scales_capacity = sizes.decode_scale_count;
+        gtp::kernels::unpack_gemm_reference(wire.spec, in, out);
+        EXPECT_EQ(v.layout, GTP_LAYOUT_GEMM) << name;
+        EXPECT_EQ(v.gemm_rows, sizes.gemm_rows) << name;
+        const gtp_elem_t code = wire.wire == GTP_WIRE_NVFP4 ? GTP_ELEM_E2M1 : GTP_ELEM_E4M3;
+        EXPECT_EQ(v.data.dtype, code);
+        EXPECT_EQ(v.data.rows, sizes.gemm_rows);
+        EXPECT_EQ(v.data.cols, cols);
+        EXPECT_EQ(v.data.ld, cols);
+        EXPECT_EQ(std::memcmp(v.data.ptr, data.data(), data.size()), 0) << name << " data expert " << e;
+        if (wire.wire == GTP_WIRE_FP8) {
+          EXPECT_EQ(v.scales.dtype, GTP_ELEM_NONE);
+          EXPECT_EQ(v.scales.ptr, nullptr);
+          EXPECT_EQ(v.data_t.dtype, GTP_ELEM_E4M3);
+          EXPECT_EQ(v.data_t.rows, cols);
+          EXPECT_EQ(v.data_t.cols, sizes.gemm_rows);
+          EXPECT_EQ(std::memcmp(v.data_t.ptr, data_t.data(), data_t.size()), 0) << name << " transpose";
+        } else {
+          EXPECT_EQ(v.data_t.ptr, nullptr) << name << ": its scale blocks run along rows, no exact transpose";
+          EXPECT_EQ(v.scales.dtype, wire.wire == GTP_WIRE_MXFP8 ? GTP_ELEM_E8M0 : GTP_ELEM_E4M3);
+          EXPECT_EQ(v.scales.rows, sizes.gemm_rows);
+          EXPECT_EQ(v.scales.cols * v.scale_block_cols, cols);
+          EXPECT_EQ(v.scale_block_rows, 1);
+          EXPECT_EQ(std::memcmp(v.scales.ptr, scales.data(), scales.size()), 0) << name << " scales expert " << e;
+        }
+        if (wire.wire == GTP_WIRE_MXFP8) {
+          EXPECT_EQ(v.decode_scales.ptr, nullptr);
+        } else {
+          EXPECT_EQ(v.decode_scales.dtype, GTP_ELEM_FP32);
+          EXPECT_EQ(v.decode_scales.rows, kWorld);
+          EXPECT_EQ(v.decode_scale_rows, geometry.shard_rows);
+          EXPECT_EQ(std::memcmp(v.decode_scales.ptr, decode.data(), decode.size() * sizeof(float)), 0) << name;
+        }
+      }
+      // Both layouts held: a plain release is ambiguous; naming the layout ends the right one.
+      EXPECT_GTP_ERROR(gtp_release(ctx, experts, 1, nullptr), GTP_ERROR_INVALID_STATE, ctx, "both the BF16 and the GEMM");
+      EXPECT_GTP_ERROR(gtp_release_layout(ctx, experts, 1, static_cast<gtp_layout_t>(3), nullptr),
+                       GTP_ERROR_INVALID_ARGUMENT, ctx, "layout 3");
+      ASSERT_EQ(gtp_release_layout(ctx, experts, 1, GTP_LAYOUT_GEMM, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      EXPECT_GTP_ERROR(gtp_release_layout(ctx, experts, 1, GTP_LAYOUT_GEMM, nullptr), GTP_ERROR_INVALID_STATE, ctx,
+                       "in the gemm layout");
+      ASSERT_EQ(gtp_release(ctx, experts, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(gtp_weight_unregister(ctx, experts[1]), GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(gtp_weight_unregister(ctx, experts[0]), GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(gtp_reset_chains(ctx), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
     EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
 }

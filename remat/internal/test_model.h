@@ -150,7 +150,7 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
       std::copy(full.begin() + first, full.begin() + first + valid, shards[l].begin());
       std::fill(main_grads[l].begin(), main_grads[l].end(), 0.0f);
     }
-    runtime.shard_updated(ids.data(), layers);
+    runtime.shard_updated(ids.data(), layers, nullptr);
     for (int mb = 0; mb < options.microbatches; ++mb) {
       std::vector<std::vector<float>> xs = {input(step, comm.rank(), mb)};
       for (int l = 0; l < layers; ++l) {
@@ -200,6 +200,87 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
   if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest};
 }
 
+// The G chunks a single process packs from the full FP32 weight with the weight-wide amax: what the
+// runtime's gather must yield.
+inline std::vector<unsigned char> reference_chunks(const kernels::WireSpec& spec, const std::vector<float>& full,
+                                                   const kernels::WeightGeometry& geometry,
+                                                   const kernels::ChunkLayout& layout) {
+  const int g = static_cast<int>(geometry.group_size);
+  const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, geometry.rows, geometry.cols);
+  std::vector<unsigned char> chunks(g * layout.chunk_bytes);
+  for (int r = 0; r < g; ++r) {
+    kernels::PackArgs args;
+    args.shard = full.data() + r * geometry.shard_rows * geometry.cols;
+    args.src_dtype = kernels::SourceDtype::kFP32;
+    args.shard_rows = geometry.shard_rows;
+    args.valid_rows = geometry.valid_rows(r);
+    args.cols = geometry.cols;
+    args.amax = &amax;
+    args.chunk = chunks.data() + r * layout.chunk_bytes;
+    args.chunk_capacity = layout.chunk_bytes;
+    kernels::pack_reference(spec, args);
+  }
+  return chunks;
+}
+
+// The GEMM-ready layout of gathered chunks by the CPU reference, every section the format has
+// (the exact transpose included where it exists), as host byte vectors.
+struct GemmReference {
+  kernels::GemmLayoutSizes sizes;
+  std::vector<unsigned char> data, scales, transposed_data, transposed_scales;
+  std::vector<float> decode_scales;
+};
+inline GemmReference reference_gemm(const kernels::WireSpec& spec, const std::vector<unsigned char>& chunks,
+                                    const kernels::WeightGeometry& geometry) {
+  GemmReference ref;
+  ref.sizes = kernels::gemm_layout_sizes(spec, geometry);
+  ref.data.resize(ref.sizes.data_bytes);
+  ref.scales.resize(ref.sizes.scales_bytes);
+  ref.decode_scales.resize(ref.sizes.decode_scale_count);
+  kernels::GemmOutputs out;
+  out.data = ref.data.data();
+  out.data_capacity = ref.sizes.data_bytes;
+  if (ref.sizes.scales_bytes > 0) {
+    out.scales = ref.scales.data();
+    out.scales_capacity = ref.sizes.scales_bytes;
+  }
+  if (ref.sizes.transpose_supported) {
+    ref.transposed_data.resize(ref.sizes.transposed_data_bytes);
+    ref.transposed_scales.resize(ref.sizes.transposed_scales_bytes);
+    out.transposed_data = ref.transposed_data.data();
+    out.transposed_data_capacity = ref.sizes.transposed_data_bytes;
+    if (ref.sizes.transposed_scales_bytes > 0) {
+      out.transposed_scales = ref.transposed_scales.data();
+      out.transposed_scales_capacity = ref.sizes.transposed_scales_bytes;
+    }
+  }
+  if (ref.sizes.decode_scale_count > 0) {
+    out.decode_scales = ref.decode_scales.data();
+    out.decode_scales_capacity = ref.sizes.decode_scale_count;
+  }
+  kernels::unpack_gemm_reference(spec, kernels::GatheredChunks{chunks.data(), static_cast<std::int64_t>(chunks.size()), geometry}, out);
+  return ref;
+}
+
+// `got` (host memory) equals the reference in every section, and has no section the format lacks.
+inline void expect_gemm_equal(const Materialized& got, const GemmReference& ref, const std::string& what) {
+  const auto same = [&](const void* ptr, const void* expected, std::size_t bytes, const char* section) {
+    if (bytes == 0) {
+      EXPECT_EQ(ptr, nullptr) << what << ": " << section << " must be absent";
+      return;
+    }
+    ASSERT_NE(ptr, nullptr) << what << ": " << section;
+    EXPECT_EQ(std::memcmp(ptr, expected, bytes), 0) << what << ": " << section << " differs from the reference";
+  };
+  EXPECT_EQ(got.layout, Layout::kGemm) << what;
+  EXPECT_EQ(got.gemm.gemm_rows, ref.sizes.gemm_rows) << what;
+  same(got.data, ref.data.data(), ref.data.size(), "data");
+  same(got.scales, ref.scales.data(), ref.scales.size(), "scales");
+  same(got.transposed_data, ref.transposed_data.data(), ref.transposed_data.size(), "transposed_data");
+  same(got.transposed_scales, ref.transposed_scales.data(), ref.transposed_scales.size(), "transposed_scales");
+  same(got.decode_scales, ref.decode_scales.data(), ref.decode_scales.size() * sizeof(float), "decode_scales");
+}
+
 // Every wire format, with an expert group: the materialized weights equal the reference decode of the
 // chunks a single process packs from the full weight with the group-wide amax.
 inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spec) {
@@ -240,25 +321,12 @@ inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spe
         const auto full = full_weight(e, step);
         std::copy(full.begin() + comm.rank() * geometry.shard_rows * cols,
                   full.begin() + (comm.rank() * geometry.shard_rows + valid) * cols, shards[e].begin());
-        const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
-        std::vector<unsigned char> chunks(g * layout.chunk_bytes);
-        for (int r = 0; r < g; ++r) {
-          kernels::PackArgs args;
-          args.shard = full.data() + r * geometry.shard_rows * cols;
-          args.src_dtype = kernels::SourceDtype::kFP32;
-          args.shard_rows = geometry.shard_rows;
-          args.valid_rows = geometry.valid_rows(r);
-          args.cols = cols;
-          args.amax = &amax;
-          args.chunk = chunks.data() + r * layout.chunk_bytes;
-          args.chunk_capacity = layout.chunk_bytes;
-          kernels::pack_reference(spec, args);
-        }
+        const std::vector<unsigned char> chunks = reference_chunks(spec, full, geometry, layout);
         expected.emplace_back(rows * cols);
         kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), g * layout.chunk_bytes, geometry},
                                   expected.back().data(), rows * cols * 2);
       }
-      runtime.shard_updated(ids.data(), 1);  // the leader brings its experts
+      runtime.shard_updated(ids.data(), 1, nullptr);  // the leader brings its experts
       for (int pass = 0; pass < 2; ++pass) {
         const auto out = runtime.materialize(ids.data(), 1, Phase::kForward, 0, Layout::kBF16, nullptr);
         ASSERT_EQ(out.size(), static_cast<std::size_t>(experts));
@@ -272,6 +340,127 @@ inline void check_wire_format(comm::HostComm& comm, const kernels::WireSpec& spe
     }
     EXPECT_GT(runtime.stats().prefetch_hits, 0);
   }
+}
+
+// The GEMM-ready layout of every wire format with an expert group (3 experts) and a lone weight, BF16
+// and GEMM consumers mixed in one step (both layouts of the experts held at once): every section equals
+// the CPU reference's GEMM-ready unpack of the single-process chunks (the BF16 wire: the BF16 weight);
+// each layout is its own chain entry (no mismatches, prefetch hits); after warm-up nothing is
+// allocated; the cache stays within (depth + 2) x the largest weight group, sized with the larger
+// layout (two groups are held at once here); released slots are poisoned, so a layout served from
+// a recycled slot would show.
+inline void check_gemm_layout(comm::HostComm& comm, const kernels::WireSpec& spec) {
+  const int g = comm.size();
+  const std::int64_t cols = 64;
+  const std::vector<std::int64_t> rows = {40, 40, 40, 24};  // experts 0..2, then the lone weight
+  const int experts = 3;
+  auto full_weight = [&](int w, int step) {
+    std::mt19937 rng(31 * w + step + 5);
+    std::normal_distribution<float> normal(0.0f, 1.0f + w);
+    std::vector<float> v(rows[w] * cols);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  HostBackend backend({&comm});
+  RuntimeConfig config;
+  config.depth = 2;
+  config.cache.poison_released = true;
+  Runtime runtime(backend, config);
+  std::vector<std::vector<float>> shards;
+  std::vector<WeightId> ids;
+  std::int64_t largest = 0;
+  for (std::size_t w = 0; w < rows.size(); ++w) {
+    const auto geometry = kernels::weight_geometry(spec.format, rows[w], cols, g);
+    shards.emplace_back(std::max<std::int64_t>(geometry.valid_rows(comm.rank()), 1) * cols);
+    WeightDesc desc;
+    desc.name = "w" + std::to_string(w);
+    desc.shard = shards.back().data();
+    desc.dtype = kernels::SourceDtype::kFP32;
+    desc.rows = rows[w];
+    desc.cols = cols;
+    desc.wire = spec;
+    desc.expert_leader = (w == 0 || static_cast<int>(w) >= experts) ? kNoWeight : ids[0];
+    ids.push_back(runtime.register_weight(desc));
+    const Weight& weight = runtime.registry().get(ids.back());
+    EXPECT_GE(weight.output_bytes, weight.gemm.bytes);
+    EXPECT_GE(weight.output_bytes, rows[w] * cols * 2);
+  }
+  for (WeightId leader : {ids[0], ids[3]}) {
+    std::int64_t bytes = 0;
+    for (WeightId id : runtime.registry().expand(&leader, 1)) {
+      const Weight& w = runtime.registry().get(id);
+      bytes += w.geometry.group_size * w.layout.chunk_bytes + w.output_bytes;
+    }
+    largest = std::max(largest, bytes);
+  }
+  const std::string name = kernels::to_string(spec.format) + " G=" + std::to_string(g);
+  const bool bf16_wire = spec.format == kernels::WireFormat::kBF16;
+  std::int64_t warm_allocations = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<std::vector<std::uint16_t>> bf16;
+    std::vector<GemmReference> gemm;
+    for (std::size_t w = 0; w < rows.size(); ++w) {
+      const Weight& weight = runtime.registry().get(ids[w]);
+      const auto full = full_weight(static_cast<int>(w), step);
+      std::copy(full.begin() + comm.rank() * weight.geometry.shard_rows * cols,
+                full.begin() + (comm.rank() * weight.geometry.shard_rows + weight.valid_rows) * cols,
+                shards[w].begin());
+      const auto chunks = reference_chunks(spec, full, weight.geometry, weight.layout);
+      bf16.emplace_back(rows[w] * cols);
+      kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), static_cast<std::int64_t>(chunks.size()), weight.geometry},
+                                bf16.back().data(), rows[w] * cols * 2);
+      if (!bf16_wire) gemm.push_back(reference_gemm(spec, chunks, weight.geometry));
+    }
+    const WeightId updated[] = {ids[0], ids[3]};
+    runtime.shard_updated(updated, 2, nullptr);
+    const auto check = [&](const std::vector<Materialized>& got, WeightId first, Layout layout, const char* where) {
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const std::size_t w = static_cast<std::size_t>(first) + i;
+        const std::string what = name + " " + where + " weight " + std::to_string(w) + " step " + std::to_string(step);
+        if (layout == Layout::kBF16 || bf16_wire) {
+          EXPECT_EQ(got[i].layout, Layout::kBF16) << what;
+          EXPECT_EQ(got[i].scales, nullptr) << what;
+          ASSERT_EQ(std::memcmp(got[i].data, bf16[w].data(), bf16[w].size() * 2), 0) << what;
+        } else {
+          expect_gemm_equal(got[i], gemm[w], what);
+        }
+      }
+    };
+    for (int mb = 0; mb < 2; ++mb) {
+      // Forward: one consumer wants the experts GEMM-ready, another (same step, both held) in BF16.
+      const auto experts_gemm = runtime.materialize_views(&ids[0], 1, Phase::kForward, 0, Layout::kGemm, nullptr);
+      const auto experts_bf16 = runtime.materialize_views(&ids[0], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+      ASSERT_EQ(experts_gemm.size(), static_cast<std::size_t>(experts));
+      ASSERT_EQ(experts_bf16.size(), static_cast<std::size_t>(experts));
+      EXPECT_NE(experts_gemm[0].data, experts_bf16[0].data) << "two layouts are two keys, two slots";
+      check(experts_gemm, 0, Layout::kGemm, "forward gemm");
+      check(experts_bf16, 0, Layout::kBF16, "forward bf16");
+      EXPECT_THROW(runtime.release(&ids[0], 1, nullptr), std::invalid_argument) << "ambiguous layout";
+      runtime.release(&ids[0], 1, nullptr, Layout::kBF16);
+      check(experts_gemm, 0, Layout::kGemm, "forward gemm after the bf16 release");  // not poisoned
+      runtime.release(&ids[0], 1, nullptr, Layout::kGemm);
+      check(runtime.materialize_views(&ids[3], 1, Phase::kForward, 0, Layout::kGemm, nullptr), 3, Layout::kGemm,
+            "forward lone");
+      runtime.release(&ids[3], 1, nullptr);  // one layout held: unambiguous
+      // Backward: the other way round.
+      check(runtime.materialize_views(&ids[3], 1, Phase::kBackward, 0, Layout::kBF16, nullptr), 3, Layout::kBF16,
+            "backward lone");
+      runtime.release(&ids[3], 1, nullptr);
+      check(runtime.materialize_views(&ids[0], 1, Phase::kBackward, 0, Layout::kGemm, nullptr), 0, Layout::kGemm,
+            "backward experts");
+      EXPECT_THROW(runtime.release(&ids[0], 1, nullptr, Layout::kBF16), std::invalid_argument) << "held in GEMM only";
+      runtime.release(&ids[0], 1, nullptr);
+    }
+    runtime.drain(nullptr);
+    EXPECT_LE(runtime.cache_stats().slot_bytes, (config.depth + 2) * largest) << name << " step " << step;
+    if (step == 1) warm_allocations = backend.memory().allocations;
+    if (step > 1) {
+      EXPECT_EQ(backend.memory().allocations, warm_allocations) << name << " allocated, step " << step;
+    }
+  }
+  const RuntimeStats stats = runtime.stats();
+  EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
+  EXPECT_GT(stats.prefetch_hits, 0) << runtime.stats_json();
 }
 
 inline std::vector<kernels::WireSpec> all_wire_specs() {

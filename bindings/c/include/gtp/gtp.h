@@ -99,7 +99,10 @@ typedef enum { GTP_DTYPE_BF16 = 0, GTP_DTYPE_FP32 = 1 } gtp_dtype_t;
 typedef enum { GTP_WIRE_BF16 = 0, GTP_WIRE_FP8 = 1, GTP_WIRE_MXFP8 = 2, GTP_WIRE_NVFP4 = 3 } gtp_wire_t;
 typedef enum { GTP_GROUP_GTP_REMAT = 0, GTP_GROUP_EXPERT_GTP_REMAT = 1 } gtp_group_t;
 typedef enum { GTP_PHASE_FORWARD = 0, GTP_PHASE_BACKWARD = 1, GTP_PHASE_RECOMPUTE = 2 } gtp_phase_t;
-typedef enum { GTP_LAYOUT_BF16 = 0 } gtp_layout_t;
+/* BF16: the BF16 weight [rows, cols]. GEMM: the GEMM-ready codes, scales, exact transpose and decode
+ * scales (FP8, MXFP8, NVFP4; the BF16 weight on the BF16 wire), returned by gtp_materialize_views only.
+ * The same weights in two layouts are two materializations: two buffers, two releases. */
+typedef enum { GTP_LAYOUT_BF16 = 0, GTP_LAYOUT_GEMM = 1 } gtp_layout_t;
 
 typedef struct {
   size_t struct_size;
@@ -125,7 +128,61 @@ gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* w
 gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,
                              int32_t model_chunk, gtp_layout_t layout, void** out_ptrs, size_t out_capacity,
                              size_t* out_count, cudaStream_t stream);
+/* Refuses GTP_LAYOUT_GEMM (one pointer cannot carry codes and scales): use gtp_materialize_views. */
 gtp_status_t gtp_release(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream);
+
+/* Element types of a materialized section. */
+typedef enum {
+  GTP_ELEM_NONE = 0, /* the section is absent: ptr NULL, shape 0 */
+  GTP_ELEM_BF16 = 1,
+  GTP_ELEM_E4M3 = 2, /* OCP FP8 E4M3 ("FN"), one per byte */
+  GTP_ELEM_E2M1 = 3, /* FP4, two per byte: element 2k in the low nibble of byte k */
+  GTP_ELEM_E8M0 = 4, /* MXFP8 block scale, value 2^(e-127), 0xFF NaN */
+  GTP_ELEM_FP32 = 5
+} gtp_elem_t;
+
+/* One row-major section of a materialized weight, in elements (not bytes). */
+typedef struct {
+  void* ptr;
+  gtp_elem_t dtype;
+  int64_t rows, cols;
+  int64_t ld; /* elements from one row to the next; == cols (compact) */
+} gtp_section_t;
+
+/* One materialized weight; set struct_size (GTP_MATERIALIZED_INITIALIZER) on every entry passed. */
+typedef struct {
+  size_t struct_size;          /* sizeof(gtp_materialized_t) */
+  gtp_layout_t layout;         /* produced: BF16 for GTP_LAYOUT_BF16 and for GEMM of the BF16 wire */
+  gtp_wire_t wire;
+  int32_t nvfp4_2d;            /* NVFP4: nonzero for 16x16 scale tiles */
+  int64_t rows, cols;          /* the logical weight; the GEMM takes N (or M) = rows */
+  gtp_section_t data;          /* BF16 [rows, cols]; GEMM: E4M3 or E2M1 [gemm_rows, cols] */
+  gtp_section_t scales;        /* MXFP8 E8M0 [gemm_rows, cols/32]; NVFP4 E4M3 1D [gemm_rows, cols/16],
+                                  2D [gemm_rows/16, cols/16]; else NONE */
+  gtp_section_t data_t;        /* exact transpose: FP8 E4M3 [cols, gemm_rows], NVFP4 2D E2M1 [cols, gemm_rows];
+                                  else NONE */
+  gtp_section_t scales_t;      /* NVFP4 2D E4M3 [cols/16, gemm_rows/16]; else NONE */
+  gtp_section_t decode_scales; /* FP8, NVFP4: FP32 [G, 1], entry g decodes weight rows
+                                  [g * decode_scale_rows, (g + 1) * decode_scale_rows); else NONE */
+  int64_t gemm_rows;           /* rows rounded up to the wire's row alignment (extra rows are zero codes) */
+  int64_t decode_scale_rows;   /* the shard rows one decode scale covers */
+  int32_t scale_block_rows, scale_block_cols; /* elements per scale: 1x32, 1x16, 16x16; 0 without scales */
+} gtp_materialized_t;
+
+#define GTP_SECTION_NONE { NULL, GTP_ELEM_NONE, 0, 0, 0 }
+#define GTP_MATERIALIZED_INITIALIZER \
+  { sizeof(gtp_materialized_t), GTP_LAYOUT_BF16, GTP_WIRE_BF16, 0, 0, 0, GTP_SECTION_NONE, GTP_SECTION_NONE, \
+    GTP_SECTION_NONE, GTP_SECTION_NONE, GTP_SECTION_NONE, 0, 0, 0, 0 }
+
+/* gtp_materialize in any layout: fills out[0 .. *out_count) (experts after their leader); every entry up
+ * to the expanded count must carry struct_size. Pointers stay valid until the matching release. */
+gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,
+                                   int32_t model_chunk, gtp_layout_t layout, gtp_materialized_t* out,
+                                   size_t out_capacity, size_t* out_count, cudaStream_t stream);
+/* gtp_release of the materialization in `layout`. gtp_release works when the weights are held in one
+ * layout only; with both held it fails (GTP_ERROR_INVALID_STATE) and this call names the one to end. */
+gtp_status_t gtp_release_layout(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_layout_t layout,
+                                cudaStream_t stream);
 
 /* FP32 rows x cols wgrad buffer of w, to be filled before gtp_finalize. */
 gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cudaStream_t stream);

@@ -1,0 +1,139 @@
+// The runtime's stream protocol against a backend that logs every ordering and work call: gathers on
+// each group's gather stream, reduce-scatters on its reduce-scatter stream, and exactly the cross-role
+// waits the protocol needs (finalize after the consumer, re-pack after reduce-scatters, drain joining
+// both), with no wait that would queue a re-gather behind a reduce-scatter.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "remat/internal/logging_backend.h"
+#include "remat/runtime.h"
+
+namespace gtp::remat {
+namespace {
+
+using testing::consumer_stream;
+using testing::LoggingBackend;
+
+struct Model {
+  explicit Model(LoggingBackend& backend) : runtime(backend, RuntimeConfig{}) {}
+
+  WeightId add(const std::string& name, int group) {
+    WeightDesc desc;
+    desc.name = name;
+    desc.shard = shard.data();
+    desc.rows = 32;
+    desc.cols = 32;
+    desc.wire.format = kernels::WireFormat::kFP8;  // amax + all_reduce_max + pack on re-pack
+    desc.group = group;
+    desc.main_grad = main_grads.emplace_back(32 * 32).data();
+    return runtime.register_weight(desc);
+  }
+
+  std::vector<std::uint16_t> shard = std::vector<std::uint16_t>(32 * 32);
+  std::vector<std::vector<float>> main_grads;  // moving an inner vector keeps its data where it is
+  Runtime runtime;
+};
+
+// Lines of `log` from `from` on.
+std::vector<std::string> since(const LoggingBackend& backend, int from) {
+  return std::vector<std::string>(backend.log.begin() + from, backend.log.end());
+}
+
+bool contains(const std::vector<std::string>& lines, const std::string& line) {
+  return std::find(lines.begin(), lines.end(), line) != lines.end();
+}
+
+TEST(Ordering, ReduceScattersRunOnTheirOwnStreamAndARegatherNeverWaitsOnThem) {
+  LoggingBackend backend;
+  Model model(backend);
+  const WeightId ids[] = {model.add("w0", 0), model.add("w1", 0)};
+  const Stream s = consumer_stream(1);
+  model.runtime.shard_updated(ids, 2, s);
+  for (WeightId id : ids) {
+    model.runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, s);
+    model.runtime.release(&id, 1, s);
+  }
+  // Backward of w1: its wgrad buffer is zeroed on rs0 and handed to the consumer after it.
+  model.runtime.materialize(&ids[1], 1, Phase::kBackward, 0, Layout::kBF16, s);
+  int mark = static_cast<int>(backend.log.size());
+  model.runtime.grad_buffer(ids[1], s);
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"fill on rs0", "s1 waits rs0"}));
+  model.runtime.release(&ids[1], 1, s);
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.finalize(&ids[1], 1, true, s);
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"rs0 waits s1", "reduce_scatter on rs0"}))
+      << "the reduce-scatter waits on the consumer's wgrad, on the reduce-scatter stream";
+  // The re-gather of w0 (backward) runs on ag0 and does not wait on rs0.
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.materialize(&ids[0], 1, Phase::kBackward, 0, Layout::kBF16, s);
+  const auto regather = since(backend, mark);
+  EXPECT_TRUE(contains(regather, "all_gather on ag0")) << ::testing::PrintToString(regather);
+  EXPECT_TRUE(contains(regather, "s1 waits ag0"));
+  EXPECT_FALSE(contains(regather, "ag0 waits rs0")) << "a re-gather queued behind a reduce-scatter";
+  for (const std::string& line : regather) EXPECT_EQ(line.find("on rs0"), std::string::npos) << line;
+  model.runtime.release(&ids[0], 1, s);
+  // Drain: the deferred add and callback on rs0, then the consumer joins both roles.
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.drain(s);
+  const auto drained = since(backend, mark);
+  ASSERT_GE(drained.size(), 3u);
+  EXPECT_EQ(drained[0], "add on rs0");
+  EXPECT_TRUE(contains(drained, "s1 waits ag0")) << ::testing::PrintToString(drained);
+  EXPECT_TRUE(contains(drained, "s1 waits rs0")) << ::testing::PrintToString(drained);
+  // The optimizer runs on s2; the re-pack waits on it and on the reduce-scatter stream before amax.
+  const Stream optimizer = consumer_stream(2);
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.shard_updated(ids, 2, optimizer);
+  const int first_amax = backend.find("amax on ag0", mark);
+  ASSERT_GE(first_amax, 0);
+  const int waits_optimizer = backend.find("ag0 waits s2", mark);
+  const int waits_rs = backend.find("ag0 waits rs0", mark);
+  EXPECT_GE(waits_optimizer, 0);
+  EXPECT_GE(waits_rs, 0);
+  EXPECT_LT(waits_optimizer, first_amax);
+  EXPECT_LT(waits_rs, first_amax);
+  EXPECT_GE(backend.find("pack on ag0", first_amax), 0);
+  EXPECT_EQ(backend.find("all_reduce_max on ag0", mark), first_amax + 2) << "amax, amax, then one reduction";
+}
+
+TEST(Ordering, EachGroupHasItsOwnStreamsAndAKeySpanningGroupsJoinsTheirGatherStreams) {
+  LoggingBackend backend(2);
+  Model model(backend);
+  const WeightId ids[] = {model.add("dense", 0), model.add("expert", 1)};
+  const Stream s = consumer_stream(1);
+  int mark = static_cast<int>(backend.log.size());
+  model.runtime.shard_updated(ids, 2, s);
+  EXPECT_GE(backend.find("pack on ag0", mark), 0);
+  EXPECT_GE(backend.find("pack on ag1", mark), 0);
+  EXPECT_GE(backend.find("all_reduce_max on ag1", mark), 0);
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.materialize(&ids[1], 1, Phase::kForward, 0, Layout::kBF16, s);
+  EXPECT_GE(backend.find("all_gather on ag1", mark), 0);
+  EXPECT_EQ(backend.find("all_gather on ag0", mark), -1);
+  model.runtime.release(&ids[1], 1, s);
+  // Both groups in one call: filled on the first weight's gather stream, after ag1 (its pack).
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.materialize(ids, 2, Phase::kForward, 0, Layout::kBF16, s);
+  const int joined = backend.find("ag0 waits ag1", mark);
+  const int gathered = backend.find("all_gather on ag0", mark);
+  ASSERT_GE(joined, 0);
+  ASSERT_GE(gathered, 0);
+  EXPECT_LT(joined, gathered);
+  model.runtime.release(ids, 2, s);
+  model.runtime.grad_buffer(ids[1], s);
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.finalize(&ids[1], 1, true, s);
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"rs1 waits s1", "reduce_scatter on rs1"}));
+  mark = static_cast<int>(backend.log.size());
+  model.runtime.drain(s);
+  for (const char* line : {"add on rs1", "s1 waits ag0", "s1 waits rs0", "s1 waits ag1", "s1 waits rs1"}) {
+    EXPECT_GE(backend.find(line, mark), 0) << line;
+  }
+}
+
+}  // namespace
+}  // namespace gtp::remat

@@ -75,7 +75,9 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
 
 std::vector<unsigned char> to_host(const void* device, std::int64_t bytes) {
   std::vector<unsigned char> host(bytes);
-  if (bytes > 0) EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  if (bytes > 0) {
+    EXPECT_EQ(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
   return host;
 }
 

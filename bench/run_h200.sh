@@ -40,4 +40,7 @@ if [ "$what" = overlap ] || [ "$what" = all ]; then
   echo "== gtp-overlap-bench (one GPU: the gather is a size-1 communicator's device copy)"
   $bin/gtp-overlap-bench --json "$out/overlap_bench.json" 2>&1
   echo "gtp-overlap-bench exit: $?"
+  echo "== gtp-overlap-bench, 4 microbatches a step (wgrads accumulated: one reduce-scatter per weight per step)"
+  $bin/gtp-overlap-bench --microbatches 4 --wires bf16,nvfp4 --json "$out/overlap_bench_mb4.json" 2>&1
+  echo "gtp-overlap-bench exit: $?"
 fi

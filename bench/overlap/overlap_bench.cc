@@ -192,7 +192,7 @@ class WeightSource {
   virtual const void* acquire(int layer, gtp_phase_t phase) = 0;
   virtual void release(int layer) = 0;
   virtual float* grad(int layer) = 0;
-  virtual void finalize(int layer) = 0;
+  virtual void finalize(int layer, bool last_microbatch) = 0;
   virtual void end_step() = 0;
 };
 
@@ -210,7 +210,7 @@ class Resident : public WeightSource {
   const void* acquire(int layer, gtp_phase_t) override { return weights_[layer]->ptr; }
   void release(int) override {}
   float* grad(int layer) override { return grads_[layer]->as<float>(); }
-  void finalize(int) override {}
+  void finalize(int, bool) override {}
   void end_step() override {}
 
  private:
@@ -253,6 +253,7 @@ class Materialized : public WeightSource {
     config.backend = GTP_BACKEND_CUDA;
     config.profile_json = profile.c_str();
     config.prefetch_depth = c.depth;
+    config.accumulate_microbatches = o.microbatches > 1;
     gtp_check(gtp_context_create(&config, &ctx_), nullptr, "gtp_context_create");
     try {
       register_weights(o, c, host_weight);
@@ -280,8 +281,8 @@ class Materialized : public WeightSource {
     gtp_check(gtp_grad_buffer(ctx_, weights_[layer], &out, stream_), ctx_, "gtp_grad_buffer");
     return out;
   }
-  void finalize(int layer) override {
-    gtp_check(gtp_finalize(ctx_, &weights_[layer], 1, 1, stream_), ctx_, "gtp_finalize");
+  void finalize(int layer, bool last_microbatch) override {
+    gtp_check(gtp_finalize(ctx_, &weights_[layer], 1, last_microbatch ? 1 : 0, stream_), ctx_, "gtp_finalize");
   }
   void end_step() override { gtp_check(gtp_drain(ctx_, stream_), ctx_, "gtp_drain"); }
 
@@ -344,18 +345,17 @@ struct StepTimes {
 };
 
 // Runs warm-up then timed steps of the chain on `stream`. Event layout per timed step: [start,
-// end], then one (before, after) pair per bracketed call: L forward materializes, L backward
-// materializes, L grad buffers, one drain.
+// end], then per microbatch one (before, after) pair per bracketed call: L forward materializes,
+// then per backward layer its materialize and its grad buffer; last, the drain.
 StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, WeightSource& weights, cudaStream_t stream,
                     std::int64_t free_before, std::int64_t& least_free) {
-  const int L = o.layers;
-  const size_t per_step = 2 + 2 * (3 * static_cast<size_t>(L) + 1);
+  const int L = o.layers, B = o.microbatches;
+  const size_t per_step = 2 + 2 * (3 * static_cast<size_t>(L) * static_cast<size_t>(B) + 1);
   Events ev(per_step * static_cast<size_t>(o.iters));
   auto record = [&](cudaEvent_t* e) {
     if (e != nullptr) CUDA(cudaEventRecord(*e, stream));
   };
-  const auto host0 = std::chrono::steady_clock::now();
-  auto host_timed = host0;
+  auto host_timed = std::chrono::steady_clock::now();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     const bool timed = it >= o.warmup;
     if (it == o.warmup) host_timed = std::chrono::steady_clock::now();
@@ -363,31 +363,33 @@ StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, Weight
     auto at = [&](size_t i) { return e != nullptr ? e + i : nullptr; };
     size_t pair = 2;
     record(at(0));
-    for (int i = 0; i < L; ++i) {
-      record(at(pair));
-      const void* w = weights.acquire(i, GTP_PHASE_FORWARD);
-      record(at(pair + 1));
-      pair += 2;
-      gemms.forward(w, a.x[i]->ptr, a.x[i + 1]->ptr, gtp::bench::overlap::layer_shape(o, i));
-      weights.release(i);
-    }
-    const void* dy = a.dy_out->ptr;
-    for (int i = L - 1; i >= 0; --i) {
-      const LayerShape s = gtp::bench::overlap::layer_shape(o, i);
-      record(at(pair));
-      const void* w = weights.acquire(i, GTP_PHASE_BACKWARD);
-      record(at(pair + 1));
-      pair += 2;
-      void* dx = a.dx[i % 2]->ptr;
-      gemms.dgrad(w, dy, dx, s);
-      record(at(pair));
-      float* dw = weights.grad(i);
-      record(at(pair + 1));
-      pair += 2;
-      gemms.wgrad(a.x[i]->ptr, dy, dw, s);
-      weights.release(i);
-      weights.finalize(i);
-      dy = dx;
+    for (int mb = 0; mb < B; ++mb) {
+      for (int i = 0; i < L; ++i) {
+        record(at(pair));
+        const void* w = weights.acquire(i, GTP_PHASE_FORWARD);
+        record(at(pair + 1));
+        pair += 2;
+        gemms.forward(w, a.x[i]->ptr, a.x[i + 1]->ptr, gtp::bench::overlap::layer_shape(o, i));
+        weights.release(i);
+      }
+      const void* dy = a.dy_out->ptr;
+      for (int i = L - 1; i >= 0; --i) {
+        const LayerShape s = gtp::bench::overlap::layer_shape(o, i);
+        record(at(pair));
+        const void* w = weights.acquire(i, GTP_PHASE_BACKWARD);
+        record(at(pair + 1));
+        pair += 2;
+        void* dx = a.dx[i % 2]->ptr;
+        gemms.dgrad(w, dy, dx, s);
+        record(at(pair));
+        float* dw = weights.grad(i);
+        record(at(pair + 1));
+        pair += 2;
+        gemms.wgrad(a.x[i]->ptr, dy, dw, s);
+        weights.release(i);
+        weights.finalize(i, mb == B - 1);
+        dy = dx;
+      }
     }
     record(at(pair));
     weights.end_step();
@@ -403,10 +405,12 @@ StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, Weight
     step.push_back(elapsed_us(e[0], e[1]));
     double m = 0, g = 0;
     size_t pair = 2;
-    for (int i = 0; i < L; ++i, pair += 2) m += elapsed_us(e[pair], e[pair + 1]);
-    for (int i = 0; i < L; ++i, pair += 4) {
-      m += elapsed_us(e[pair], e[pair + 1]);
-      g += elapsed_us(e[pair + 2], e[pair + 3]);
+    for (int mb = 0; mb < B; ++mb) {
+      for (int i = 0; i < L; ++i, pair += 2) m += elapsed_us(e[pair], e[pair + 1]);
+      for (int i = 0; i < L; ++i, pair += 4) {
+        m += elapsed_us(e[pair], e[pair + 1]);
+        g += elapsed_us(e[pair + 2], e[pair + 3]);
+      }
     }
     mat.push_back(m);
     grad.push_back(g);
@@ -533,14 +537,16 @@ int run(const Options& o, int argc, char** argv) {
     sizing["n"] = o.n;
     sizing["k"] = o.k;
     sizing["layers"] = o.layers;
+    sizing["microbatches"] = o.microbatches;
     sizing["copy_gbytes_per_s"] = copy_rate / 1e9;
     sizing["gather_busbw_gbytes_per_s"] = world > 1 ? busbw / 1e9 : 0.0;
     sizing["gather_model_us"] = gather_model_s * 1e6;
     sizing["gemm_us"] = 2.0 * m * o.n * o.k / gemm_rate * 1e6;
     sizing["gemm_tflops"] = gemm_rate / 1e12;
-    say("sizes: M %lld, N %lld, K %lld, %d layers (weights %lldx%lld and %lldx%lld alternating, %.1f MiB BF16 each)\n",
+    say("sizes: M %lld, N %lld, K %lld, %d layers (weights %lldx%lld and %lldx%lld alternating, %.1f MiB BF16 each), "
+        "%d microbatch(es) per step\n",
         (long long)m, (long long)o.n, (long long)o.k, o.layers, (long long)o.n, (long long)o.k, (long long)o.k,
-        (long long)o.n, elements * 2 / 1048576.0);
+        (long long)o.n, elements * 2 / 1048576.0, o.microbatches);
     say("rates: device copy %.0f GB/s; modeled gather %.1f us; forward GEMM %.1f us at %.0f TFLOP/s\n", copy_rate / 1e9,
         gather_model_s * 1e6, sizing["gemm_us"].get<double>(), gemm_rate / 1e12);
   }
@@ -596,8 +602,10 @@ int run(const Options& o, int argc, char** argv) {
           const double exposed = t.exposed_materialize + t.exposed_grad_buffer + t.exposed_drain;
           const double overlap = all_exposed > 0 ? 100.0 * (1.0 - t.exposed_materialize / all_exposed) : 0.0;
           const double ratio = t.step / resident.step;
-          c["gather_us_per_call_at_depth0"] = all_exposed / (2.0 * o.layers);
-          c["overlap_pct"] = overlap;
+          const double gather_us = all_exposed / (2.0 * o.layers * o.microbatches);
+          c["gather_us_per_call_at_depth0"] = gather_us;
+          c["gather_le_gemm"] = gather_us <= sizing["gemm_us"].get<double>();
+          c["overlap_pct"] = all_exposed > 0 ? json(overlap) : json(nullptr);  // null: no depth-0 reference
           c["step_ratio_vs_resident"] = ratio;
           c["materialize_host_us_median"] = median(weights.host_us);
           c["runtime_stats"] = weights.stats();
@@ -606,11 +614,17 @@ int run(const Options& o, int argc, char** argv) {
               "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth, t.step, exposed, 100.0 * exposed / t.step,
               overlap, ratio, t.peak_bytes / 1048576.0);
         } catch (const GtpFailure& e) {
-          // A failing libgtp (today: GTP_BACKEND_CUDA not wired into the C ABI) fails every
-          // configuration the same way: record it once, keep the resident numbers.
-          gtp_error = e.what();
-          c["error"] = gtp_error;
-          say("gtp: %s\n", gtp_error.c_str());
+          // A context that cannot be created (e.g. a libgtp without GTP_BACKEND_CUDA) fails every
+          // configuration the same way: record it, skip the rest, keep the resident numbers.
+          c["error"] = e.what();
+          say("gtp: %s\n", e.what());
+          if (std::string(e.what()).rfind("gtp_context_create", 0) == 0) gtp_error = e.what();
+          exit_code = 3;
+        } catch (const std::runtime_error& e) {
+          // CUDA or cuBLAS failed: later configurations would not be trustworthy.
+          c["error"] = e.what();
+          say("gtp: %s\n", e.what());
+          gtp_error = std::string("skipped after an earlier failure: ") + e.what();
           exit_code = 3;
         }
         configs.push_back(c);

@@ -61,12 +61,14 @@ void check_dim(const char* flag, std::int64_t v) {
 }  // namespace
 
 std::string usage() {
-  return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--iters N] [--warmup N]\n"
+  return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup N]\n"
          "                         [--wires bf16,fp8,mxfp8,nvfp4] [--depths 1,2] [--priorities high,normal]\n"
          "                         [--bootstrap callbacks|ucx] [--gather-gbps B] [--timeout-ms T] [--json PATH]\n"
          "A chain of L linear layers (weights [N,K] and [K,N] alternating, activations [M,K]), forward and\n"
          "backward with cuBLAS BF16 GEMMs, with weights materialized by libgtp (C ABI, CUDA backend) against\n"
          "the same chain with resident weights. --m auto (default) picks M so one gather lasts about one GEMM.\n"
+         "--microbatches B runs B forward/backward passes per step with wgrads accumulated (one reduce-scatter\n"
+         "per weight per step).\n"
          "--bootstrap callbacks runs one rank in this process; ucx reads GTP_RANK/GTP_WORLD_SIZE/GTP_ROOT_ADDR\n"
          "(gtp-launch sets them). Exit codes: 0 done, 1 bad flags, 2 no CUDA device, 3 libgtp/CUDA failure.\n";
 }
@@ -90,6 +92,8 @@ Options parse_options(int argc, const char* const* argv) {
       o.k = parse_int(flag, value, kDimMultiple, kMaxDim);
     } else if (flag == "--layers") {
       o.layers = static_cast<int>(parse_int(flag, value, 1, 1024));
+    } else if (flag == "--microbatches") {
+      o.microbatches = static_cast<int>(parse_int(flag, value, 1, 64));
     } else if (flag == "--iters") {
       o.iters = static_cast<int>(parse_int(flag, value, 1, 100000));
     } else if (flag == "--warmup") {

@@ -19,6 +19,7 @@ struct Options {
   std::int64_t n = 8192;
   std::int64_t k = 8192;
   int layers = 8;
+  int microbatches = 1;  // > 1: wgrads accumulate over the step, one reduce-scatter per weight per step
   int iters = 20;
   int warmup = 5;
   std::vector<kernels::WireFormat> wires = {kernels::WireFormat::kBF16, kernels::WireFormat::kFP8,

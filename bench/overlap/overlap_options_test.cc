@@ -34,6 +34,7 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
   EXPECT_EQ(o.n, 8192);
   EXPECT_EQ(o.k, 8192);
   EXPECT_EQ(o.layers, 8);
+  EXPECT_EQ(o.microbatches, 1);
   EXPECT_EQ(o.wires.size(), 4u);
   EXPECT_EQ(o.depths, (std::vector<int>{1, 2}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"high", "normal"}));
@@ -42,13 +43,14 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
 }
 
 TEST(OverlapOptions, ParsesEveryFlag) {
-  const Options o = parse({"--m", "512", "--n", "4096", "--k", "1024", "--layers", "6", "--iters", "7", "--warmup", "0",
+  const Options o = parse({"--m", "512", "--n", "4096", "--k", "1024", "--layers", "6", "--microbatches", "4", "--iters", "7", "--warmup", "0",
                            "--wires", "nvfp4,bf16", "--depths", "0,3", "--priorities", "low", "--bootstrap", "ucx",
                            "--gather-gbps", "350.5", "--timeout-ms", "5000", "--json", "out.json"});
   EXPECT_EQ(o.m, 512);
   EXPECT_EQ(o.n, 4096);
   EXPECT_EQ(o.k, 1024);
   EXPECT_EQ(o.layers, 6);
+  EXPECT_EQ(o.microbatches, 4);
   EXPECT_EQ(o.iters, 7);
   EXPECT_EQ(o.warmup, 0);
   EXPECT_EQ(o.wires, (std::vector<kernels::WireFormat>{kernels::WireFormat::kNVFP4, kernels::WireFormat::kBF16}));
@@ -68,6 +70,7 @@ TEST(OverlapOptions, BadFlagsNameTheValueAndTheFix) {
   EXPECT_NE(parse_error({"--k", "12x"}).find("--k '12x' is not an integer"), std::string::npos);
   EXPECT_NE(parse_error({"--m", "0"}).find("--m 0 is out of range"), std::string::npos);
   EXPECT_NE(parse_error({"--layers", "0"}).find("--layers 0 is out of range; give a value in [1, 1024]"), std::string::npos);
+  EXPECT_NE(parse_error({"--microbatches", "65"}).find("--microbatches 65 is out of range"), std::string::npos);
   EXPECT_NE(parse_error({"--depths", "1,65"}).find("--depths 65 is out of range"), std::string::npos);
   EXPECT_NE(parse_error({"--depths", "1,1"}).find("lists '1' twice"), std::string::npos);
   EXPECT_NE(parse_error({"--depths", "1,,2"}).find("empty item"), std::string::npos);

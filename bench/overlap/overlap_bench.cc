@@ -29,15 +29,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/overlap/chain.h"
 #include "bench/overlap/overlap_options.h"
 #include "gtp/gtp.h"
 #include "kernels/wire_format.h"
 
 namespace {
 
-using gtp::bench::overlap::Bootstrap;
-using gtp::bench::overlap::LayerShape;
-using gtp::bench::overlap::Options;
+using namespace gtp::bench::overlap;
 using gtp::kernels::WireFormat;
 using json = nlohmann::json;
 
@@ -49,16 +48,6 @@ void cublas_check(cublasStatus_t s, const char* what) {
 }
 #define CUDA(call) cuda_check((call), #call)
 #define CUBLAS(call) cublas_check((call), #call)
-
-// A libgtp failure: the status and gtp_last_error's message.
-class GtpFailure : public std::runtime_error {
- public:
-  GtpFailure(gtp_status_t status, const std::string& message) : std::runtime_error(message), status(status) {}
-  gtp_status_t status;
-};
-void gtp_check(gtp_status_t s, const gtp_context_t* ctx, const char* what) {
-  if (s != GTP_SUCCESS) throw GtpFailure(s, std::string(what) + " -> " + gtp_status_string(s) + ": " + gtp_last_error(ctx));
-}
 
 struct DeviceBuffer {
   void* ptr = nullptr;
@@ -173,28 +162,17 @@ Activations make_activations(const Options& o, std::int64_t m) {
   const std::vector<std::uint16_t> host = random_bf16(m * widest, 1.0f, 7);
   for (int i = 0; i <= o.layers; ++i) {
     const std::int64_t width =
-        i < o.layers ? gtp::bench::overlap::layer_shape(o, i).in_features
-                     : gtp::bench::overlap::layer_shape(o, o.layers - 1).out_features;
+        i < o.layers ? layer_shape(o, i).in_features
+                     : layer_shape(o, o.layers - 1).out_features;
     a.x.push_back(std::make_unique<DeviceBuffer>(m * width * 2));
     CUDA(cudaMemcpy(a.x.back()->ptr, host.data(), static_cast<size_t>(m * width * 2), cudaMemcpyHostToDevice));
   }
-  const std::int64_t out = gtp::bench::overlap::layer_shape(o, o.layers - 1).out_features;
+  const std::int64_t out = layer_shape(o, o.layers - 1).out_features;
   a.dy_out = std::make_unique<DeviceBuffer>(m * out * 2);
   CUDA(cudaMemcpy(a.dy_out->ptr, host.data(), static_cast<size_t>(m * out * 2), cudaMemcpyHostToDevice));
   for (auto& d : a.dx) d = std::make_unique<DeviceBuffer>(m * widest * 2);
   return a;
 }
-
-// What a step needs from the weights: resident pointers, or libgtp calls around each GEMM.
-class WeightSource {
- public:
-  virtual ~WeightSource() = default;
-  virtual const void* acquire(int layer, gtp_phase_t phase) = 0;
-  virtual void release(int layer) = 0;
-  virtual float* grad(int layer) = 0;
-  virtual void finalize(int layer, bool last_microbatch) = 0;
-  virtual void end_step() = 0;
-};
 
 class Resident : public WeightSource {
  public:
@@ -217,125 +195,6 @@ class Resident : public WeightSource {
   std::vector<std::unique_ptr<DeviceBuffer>> weights_, grads_;
 };
 
-// The 1-rank bootstrap: this process is the whole world.
-gtp_bootstrap_result_t one_rank_allgather(void*, const void* send, void* recv, size_t bytes, int64_t) {
-  std::memcpy(recv, send, bytes);
-  return GTP_BOOTSTRAP_OK;
-}
-gtp_bootstrap_result_t one_rank_broadcast(void*, void*, size_t, int32_t, int64_t) { return GTP_BOOTSTRAP_OK; }
-gtp_bootstrap_result_t one_rank_barrier(void*, int64_t) { return GTP_BOOTSTRAP_OK; }
-
-struct GtpConfig {
-  WireFormat wire;
-  int depth;
-  std::string priority;
-};
-
-class Materialized : public WeightSource {
- public:
-  Materialized(const Options& o, const GtpConfig& c, int world_size, cudaStream_t stream,
-               const std::vector<std::uint16_t>& host_weight)
-      : stream_(stream) {
-    gtp_bootstrap_callbacks_t callbacks;
-    std::memset(&callbacks, 0, sizeof callbacks);
-    callbacks.struct_size = sizeof callbacks;
-    callbacks.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
-    callbacks.rank = 0;
-    callbacks.world_size = 1;
-    callbacks.allgather = one_rank_allgather;
-    callbacks.broadcast = one_rank_broadcast;
-    callbacks.barrier = one_rank_barrier;
-    const std::string profile = gtp::bench::overlap::profile_json(world_size, c.priority, c.depth, c.wire);
-    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
-    config.bootstrap = o.bootstrap == Bootstrap::kCallbacks ? GTP_BOOTSTRAP_CALLBACKS : GTP_BOOTSTRAP_UCX_FROM_ENV;
-    config.callbacks = o.bootstrap == Bootstrap::kCallbacks ? &callbacks : nullptr;
-    config.timeout_ms = o.timeout_ms;
-    config.backend = GTP_BACKEND_CUDA;
-    config.profile_json = profile.c_str();
-    config.prefetch_depth = c.depth;
-    config.accumulate_microbatches = o.microbatches > 1;
-    gtp_check(gtp_context_create(&config, &ctx_), nullptr, "gtp_context_create");
-    try {
-      register_weights(o, c, host_weight);
-    } catch (...) {
-      gtp_context_destroy(ctx_);
-      throw;
-    }
-  }
-  ~Materialized() override { gtp_context_destroy(ctx_); }
-
-  const void* acquire(int layer, gtp_phase_t phase) override {
-    void* out = nullptr;
-    size_t count = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    gtp_check(gtp_materialize(ctx_, &weights_[layer], 1, phase, 0, GTP_LAYOUT_BF16, &out, 1, &count, stream_), ctx_,
-              "gtp_materialize");
-    host_us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    return out;
-  }
-  void release(int layer) override {
-    gtp_check(gtp_release(ctx_, &weights_[layer], 1, stream_), ctx_, "gtp_release");
-  }
-  float* grad(int layer) override {
-    float* out = nullptr;
-    gtp_check(gtp_grad_buffer(ctx_, weights_[layer], &out, stream_), ctx_, "gtp_grad_buffer");
-    return out;
-  }
-  void finalize(int layer, bool last_microbatch) override {
-    gtp_check(gtp_finalize(ctx_, &weights_[layer], 1, last_microbatch ? 1 : 0, stream_), ctx_, "gtp_finalize");
-  }
-  void end_step() override { gtp_check(gtp_drain(ctx_, stream_), ctx_, "gtp_drain"); }
-
-  json stats() const {
-    size_t len = 0;
-    gtp_stats_json(ctx_, nullptr, 0, &len);
-    std::string text(len + 1, '\0');
-    gtp_check(gtp_stats_json(ctx_, text.data(), text.size(), &len), ctx_, "gtp_stats_json");
-    text.resize(len);
-    return json::parse(text);
-  }
-
-  std::vector<double> host_us;  // host time of every gtp_materialize call
-
- private:
-  // This rank's rows of every layer's weight (the same full weight on every rank), an FP32 main
-  // grad each, registered and packed.
-  void register_weights(const Options& o, const GtpConfig& c, const std::vector<std::uint16_t>& host_weight) {
-    gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
-    gtp_check(gtp_context_sizes(ctx_, &sizes), ctx_, "gtp_context_sizes");
-    for (int i = 0; i < o.layers; ++i) {
-      const LayerShape s = gtp::bench::overlap::layer_shape(o, i);
-      const gtp::kernels::WeightGeometry g = gtp::kernels::weight_geometry(c.wire, s.out_features, s.in_features, sizes.gtp_remat);
-      const std::int64_t rank = sizes.rank % sizes.gtp_remat;  // TP 1: the group rank is the rank within G
-      const std::int64_t rows = g.valid_rows(rank), first = rank * g.shard_rows;
-      shards_.push_back(std::make_unique<DeviceBuffer>(std::max<std::int64_t>(rows, 1) * s.in_features * 2));
-      main_grads_.push_back(std::make_unique<DeviceBuffer>(std::max<std::int64_t>(rows, 1) * s.in_features * 4));
-      if (rows > 0) {
-        CUDA(cudaMemcpy(shards_.back()->ptr, host_weight.data() + first * s.in_features,
-                        static_cast<size_t>(rows * s.in_features * 2), cudaMemcpyHostToDevice));
-      }
-      CUDA(cudaMemset(main_grads_.back()->ptr, 0, static_cast<size_t>(std::max<std::int64_t>(rows, 1) * s.in_features * 4)));
-      const std::string name = "layer" + std::to_string(i);
-      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
-      desc.name = name.c_str();
-      desc.shard = rows > 0 ? shards_.back()->ptr : nullptr;
-      desc.rows = s.out_features;
-      desc.cols = s.in_features;
-      desc.wire = static_cast<gtp_wire_t>(static_cast<int>(c.wire));
-      desc.main_grad = main_grads_.back()->as<float>();
-      gtp_weight_t w;
-      gtp_check(gtp_weight_register(ctx_, &desc, &w), ctx_, "gtp_weight_register");
-      weights_.push_back(w);
-    }
-    gtp_check(gtp_weights_shard_updated(ctx_, weights_.data(), weights_.size(), stream_), ctx_, "gtp_weights_shard_updated");
-  }
-
-  cudaStream_t stream_;
-  gtp_context_t* ctx_ = nullptr;
-  std::vector<std::unique_ptr<DeviceBuffer>> shards_, main_grads_;
-  std::vector<gtp_weight_t> weights_;
-};
-
 // Per-step results, in microseconds (medians over the timed steps).
 struct StepTimes {
   double step = 0, step_min = 0, step_max = 0;
@@ -344,77 +203,55 @@ struct StepTimes {
   std::int64_t peak_bytes = 0;  // cudaMemGetInfo: free before the configuration minus the least free seen
 };
 
-// Runs warm-up then timed steps of the chain on `stream`. Event layout per timed step: [start,
-// end], then per microbatch one (before, after) pair per bracketed call: L forward materializes,
-// then per backward layer its materialize and its grad buffer; last, the drain.
+// The chain on the device: cuBLAS GEMMs on `stream`; each mark records the next event of a timed
+// step (none during warm-up).
+class DeviceOps : public ChainOps {
+ public:
+  DeviceOps(const Options& o, const Gemms& gemms, Activations& a, cudaStream_t stream)
+      : o_(o), gemms_(gemms), a_(a), stream_(stream) {}
+  void start_step(cudaEvent_t* events) { next_ = events; }
+  void mark() override {
+    if (next_ != nullptr) CUDA(cudaEventRecord(*next_++, stream_));
+  }
+  void forward(int layer, const void* w) override { gemms_.forward(w, a_.x[layer]->ptr, a_.x[layer + 1]->ptr, shape(layer)); }
+  void dgrad(int layer, const void* w) override { gemms_.dgrad(w, dy(layer), a_.dx[layer % 2]->ptr, shape(layer)); }
+  void wgrad(int layer, float* grad) override { gemms_.wgrad(a_.x[layer]->ptr, dy(layer), grad, shape(layer)); }
+
+ private:
+  LayerShape shape(int layer) const { return layer_shape(o_, layer); }
+  // The gradient reaching layer i's output: the loss gradient, or layer i+1's dgrad.
+  const void* dy(int layer) const { return layer == o_.layers - 1 ? a_.dy_out->ptr : a_.dx[(layer + 1) % 2]->ptr; }
+
+  const Options& o_;
+  const Gemms& gemms_;
+  Activations& a_;
+  cudaStream_t stream_;
+  cudaEvent_t* next_ = nullptr;
+};
+
+// Runs warm-up then timed steps of the chain (run_step) on `stream`, one device sync at the end.
 StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, WeightSource& weights, cudaStream_t stream,
                     std::int64_t free_before, std::int64_t& least_free) {
-  const int L = o.layers, B = o.microbatches;
-  const size_t per_step = 2 + 2 * (3 * static_cast<size_t>(L) * static_cast<size_t>(B) + 1);
+  const size_t per_step = marks_per_step(o.layers, o.microbatches);
   Events ev(per_step * static_cast<size_t>(o.iters));
-  auto record = [&](cudaEvent_t* e) {
-    if (e != nullptr) CUDA(cudaEventRecord(*e, stream));
-  };
+  DeviceOps ops(o, gemms, a, stream);
   auto host_timed = std::chrono::steady_clock::now();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
-    const bool timed = it >= o.warmup;
     if (it == o.warmup) host_timed = std::chrono::steady_clock::now();
-    cudaEvent_t* e = timed ? &ev.events[per_step * static_cast<size_t>(it - o.warmup)] : nullptr;
-    auto at = [&](size_t i) { return e != nullptr ? e + i : nullptr; };
-    size_t pair = 2;
-    record(at(0));
-    for (int mb = 0; mb < B; ++mb) {
-      for (int i = 0; i < L; ++i) {
-        record(at(pair));
-        const void* w = weights.acquire(i, GTP_PHASE_FORWARD);
-        record(at(pair + 1));
-        pair += 2;
-        gemms.forward(w, a.x[i]->ptr, a.x[i + 1]->ptr, gtp::bench::overlap::layer_shape(o, i));
-        weights.release(i);
-      }
-      const void* dy = a.dy_out->ptr;
-      for (int i = L - 1; i >= 0; --i) {
-        const LayerShape s = gtp::bench::overlap::layer_shape(o, i);
-        record(at(pair));
-        const void* w = weights.acquire(i, GTP_PHASE_BACKWARD);
-        record(at(pair + 1));
-        pair += 2;
-        void* dx = a.dx[i % 2]->ptr;
-        gemms.dgrad(w, dy, dx, s);
-        weights.release(i);  // wgrad does not read the weight: its slot may be refilled after dgrad
-        record(at(pair));
-        float* dw = weights.grad(i);
-        record(at(pair + 1));
-        pair += 2;
-        gemms.wgrad(a.x[i]->ptr, dy, dw, s);
-        weights.finalize(i, mb == B - 1);
-        dy = dx;
-      }
-    }
-    record(at(pair));
-    weights.end_step();
-    record(at(pair + 1));
-    record(at(1));
+    ops.start_step(it >= o.warmup ? &ev.events[per_step * static_cast<size_t>(it - o.warmup)] : nullptr);
+    run_step(o.layers, o.microbatches, weights, ops);
     least_free = std::min(least_free, free_device_bytes());
   }
-  const auto host1 = std::chrono::steady_clock::now();
+  const auto host_end = std::chrono::steady_clock::now();
   CUDA(cudaStreamSynchronize(stream));
   std::vector<double> step, mat, grad, drain;
   for (int it = 0; it < o.iters; ++it) {
     const cudaEvent_t* e = &ev.events[per_step * static_cast<size_t>(it)];
-    step.push_back(elapsed_us(e[0], e[1]));
-    double m = 0, g = 0;
-    size_t pair = 2;
-    for (int mb = 0; mb < B; ++mb) {
-      for (int i = 0; i < L; ++i, pair += 2) m += elapsed_us(e[pair], e[pair + 1]);
-      for (int i = 0; i < L; ++i, pair += 4) {
-        m += elapsed_us(e[pair], e[pair + 1]);
-        g += elapsed_us(e[pair + 2], e[pair + 3]);
-      }
-    }
-    mat.push_back(m);
-    grad.push_back(g);
-    drain.push_back(elapsed_us(e[pair], e[pair + 1]));
+    const StepSplit sp = split_step(o.layers, o.microbatches, [&](size_t x, size_t y) { return elapsed_us(e[x], e[y]); });
+    step.push_back(sp.step);
+    mat.push_back(sp.materialize);
+    grad.push_back(sp.grad_buffer);
+    drain.push_back(sp.end_step);
   }
   StepTimes t;
   t.step = median(step);
@@ -423,7 +260,7 @@ StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, Weight
   t.exposed_materialize = median(mat);
   t.exposed_grad_buffer = median(grad);
   t.exposed_drain = median(drain);
-  t.host_per_step = std::chrono::duration<double, std::micro>(host1 - host_timed).count() / o.iters;
+  t.host_per_step = std::chrono::duration<double, std::micro>(host_end - host_timed).count() / o.iters;
   t.peak_bytes = free_before - least_free;
   return t;
 }
@@ -511,7 +348,7 @@ int run(const Options& o, int argc, char** argv) {
     });
     copy_rate = elements * 2 / copy_s;
     const double busbw = (o.gather_gbps > 0 ? o.gather_gbps : 360.0) * 1e9;
-    gather_model_s = gtp::bench::overlap::gather_seconds(elements, world, copy_rate, busbw);
+    gather_model_s = gather_seconds(elements, world, copy_rate, busbw);
     DeviceBuffer x(m_buf * std::max(o.n, o.k) * 2), y(m_buf * std::max(o.n, o.k) * 2);
     const std::vector<std::uint16_t> host = random_bf16(elements, 0.05f, 3);
     CUDA(cudaMemcpy(src.ptr, host.data(), static_cast<size_t>(elements * 2), cudaMemcpyHostToDevice));
@@ -527,7 +364,7 @@ int run(const Options& o, int argc, char** argv) {
     };
     if (m == 0) {
       if (world > 1) say("warning: --m auto on %d ranks: each rank sizes on its own GPU; pass --m to be sure they agree\n", world);
-      const gtp::bench::overlap::Sizing s = gtp::bench::overlap::choose_m(o.n, o.k, gather_model_s, m_max, rate);
+      const Sizing s = choose_m(o.n, o.k, gather_model_s, m_max, rate);
       m = s.m;
       json steps = json::array();
       for (const auto& st : s.steps) steps.push_back({{"m", st.m}, {"tflops", st.flops_per_s / 1e12}, {"gemm_us", st.gemm_seconds * 1e6}});
@@ -598,7 +435,34 @@ int run(const Options& o, int argc, char** argv) {
         try {
           const std::int64_t before = free_device_bytes();
           std::int64_t least = before;
-          Materialized weights(o, GtpConfig{wire, depth, priority}, world, stream, host_weight);
+          std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // declared first: outlives the context
+          gtp_bootstrap_callbacks_t callbacks = one_rank_callbacks();
+          gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+          config.bootstrap = o.bootstrap == Bootstrap::kCallbacks ? GTP_BOOTSTRAP_CALLBACKS : GTP_BOOTSTRAP_UCX_FROM_ENV;
+          config.callbacks = o.bootstrap == Bootstrap::kCallbacks ? &callbacks : nullptr;
+          config.timeout_ms = o.timeout_ms;
+          config.backend = GTP_BACKEND_CUDA;
+          config.accumulate_microbatches = o.microbatches > 1;
+          std::vector<LayerShape> shapes;
+          for (int i = 0; i < o.layers; ++i) shapes.push_back(layer_shape(o, i));
+          GtpWeights weights(config, world, priority, depth, wire, shapes, stream);
+          // This rank's rows of the (same on every rank) full weights, and FP32 main grads.
+          std::vector<const void*> shards;
+          std::vector<float*> main_grads;
+          for (int i = 0; i < o.layers; ++i) {
+            const GtpWeights::Rows rows = weights.rows(i);
+            const std::int64_t cols = shapes[static_cast<size_t>(i)].in_features, held = std::max<std::int64_t>(rows.count, 1);
+            buffers.push_back(std::make_unique<DeviceBuffer>(held * cols * 2));
+            if (rows.count > 0) {
+              CUDA(cudaMemcpy(buffers.back()->ptr, host_weight.data() + rows.first * cols,
+                              static_cast<size_t>(rows.count * cols * 2), cudaMemcpyHostToDevice));
+            }
+            shards.push_back(rows.count > 0 ? buffers.back()->ptr : nullptr);
+            buffers.push_back(std::make_unique<DeviceBuffer>(held * cols * 4));
+            CUDA(cudaMemset(buffers.back()->ptr, 0, static_cast<size_t>(held * cols * 4)));
+            main_grads.push_back(buffers.back()->as<float>());
+          }
+          weights.register_and_pack(shards, main_grads);
           least = std::min(least, free_device_bytes());
           const StepTimes t = run_steps(o, gemms, acts, weights, stream, before, least);
           c.update(step_json(t));
@@ -611,13 +475,13 @@ int run(const Options& o, int argc, char** argv) {
           c["gather_le_gemm"] = gather_us <= sizing["gemm_us"].get<double>();
           c["overlap_pct"] = all_exposed > 0 ? json(overlap) : json(nullptr);  // null: no depth-0 reference
           c["step_ratio_vs_resident"] = ratio;
-          c["materialize_host_us_median"] = median(weights.host_us);
-          c["runtime_stats"] = weights.stats();
+          c["materialize_host_us_median"] = median(weights.materialize_host_us());
+          c["runtime_stats"] = json::parse(weights.stats_json());
           c["targets"] = {{"exposed_le_3pct_of_step", exposed <= 0.03 * t.step}, {"step_ratio_le_1_03", ratio <= 1.03}};
           say("%-9s %-6s %-6s %5d  step %9.1f us  exposed %7.1f us (%5.2f %%)  overlap %6.2f %%  x%.3f  peak %7.1f MiB\n",
               "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth, t.step, exposed, 100.0 * exposed / t.step,
               overlap, ratio, t.peak_bytes / 1048576.0);
-        } catch (const GtpFailure& e) {
+        } catch (const GtpError& e) {
           // A context that cannot be created (e.g. a libgtp without GTP_BACKEND_CUDA) fails every
           // configuration the same way: record it, skip the rest, keep the resident numbers.
           c["error"] = e.what();
@@ -672,13 +536,13 @@ int run(const Options& o, int argc, char** argv) {
 int main(int argc, char** argv) {
   Options o;
   try {
-    o = gtp::bench::overlap::parse_options(argc, argv);
+    o = parse_options(argc, argv);
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "gtp-overlap-bench: %s\n%s", e.what(), gtp::bench::overlap::usage().c_str());
+    std::fprintf(stderr, "gtp-overlap-bench: %s\n%s", e.what(), usage().c_str());
     return 1;
   }
   if (o.help) {
-    std::printf("%s", gtp::bench::overlap::usage().c_str());
+    std::printf("%s", usage().c_str());
     return 0;
   }
   int devices = 0;

@@ -64,14 +64,17 @@ gtp_bootstrap_callbacks_t one_rank_callbacks() {
 
 GtpWeights::GtpWeights(gtp_context_config_t config, int world_size, const std::string& stream_priority, int depth,
                        kernels::WireFormat wire, std::vector<LayerShape> shapes, cudaStream_t stream)
-    : profile_(profile_json(world_size, stream_priority, depth, wire)), wire_(wire), shapes_(std::move(shapes)),
+    : profile_(profile_json(world_size, stream_priority, depth, wire)),
+      wire_(wire),
+      shapes_(std::move(shapes)),
       stream_(stream) {
   config.profile_json = profile_.c_str();
   config.profile_path = nullptr;
   config.prefetch_depth = depth;
   const gtp_status_t status = gtp_context_create(&config, &ctx_);
   if (status != GTP_SUCCESS) {
-    throw GtpError(status, std::string("gtp_context_create -> ") + gtp_status_string(status) + ": " + gtp_last_error(nullptr));
+    throw GtpError(status,
+                   std::string("gtp_context_create -> ") + gtp_status_string(status) + ": " + gtp_last_error(nullptr));
   }
   try {
     check(gtp_context_sizes(ctx_, &sizes_), "gtp_context_sizes");
@@ -99,8 +102,8 @@ GtpWeights::Rows GtpWeights::rows(int layer) const {
 void GtpWeights::register_and_pack(const std::vector<const void*>& shards, const std::vector<float*>& main_grads) {
   if (shards.size() != shapes_.size() || main_grads.size() != shapes_.size()) {
     throw std::invalid_argument("register_and_pack: " + std::to_string(shards.size()) + " shards and " +
-                                std::to_string(main_grads.size()) + " main grads for " + std::to_string(shapes_.size()) +
-                                " layers; give one of each per layer");
+                                std::to_string(main_grads.size()) + " main grads for " +
+                                std::to_string(shapes_.size()) + " layers; give one of each per layer");
   }
   for (size_t i = 0; i < shapes_.size(); ++i) {
     const std::string name = "layer" + std::to_string(i);
@@ -140,7 +143,8 @@ float* GtpWeights::grad(int layer) {
 }
 
 void GtpWeights::finalize(int layer, bool last_microbatch) {
-  check(gtp_finalize(ctx_, &weights_.at(static_cast<size_t>(layer)), 1, last_microbatch ? 1 : 0, stream_), "gtp_finalize");
+  check(gtp_finalize(ctx_, &weights_.at(static_cast<size_t>(layer)), 1, last_microbatch ? 1 : 0, stream_),
+        "gtp_finalize");
 }
 
 void GtpWeights::end_step() { check(gtp_drain(ctx_, stream_), "gtp_drain"); }

@@ -29,10 +29,10 @@ class WeightSource {
 class ChainOps {
  public:
   virtual ~ChainOps() = default;
-  virtual void mark() = 0;  // a timing point (the benchmark records a CUDA event)
-  virtual void forward(int layer, const void* weight) = 0;               // x[layer+1] = x[layer] Wᵀ
-  virtual void dgrad(int layer, const void* weight) = 0;                 // dx[layer] = dy[layer] W
-  virtual void wgrad(int layer, float* grad) = 0;                        // grad += dy[layer]ᵀ x[layer]
+  virtual void mark() = 0;                                  // a timing point (the benchmark records a CUDA event)
+  virtual void forward(int layer, const void* weight) = 0;  // x[layer+1] = x[layer] Wᵀ
+  virtual void dgrad(int layer, const void* weight) = 0;    // dx[layer] = dy[layer] W
+  virtual void wgrad(int layer, float* grad) = 0;           // grad += dy[layer]ᵀ x[layer]
 };
 
 // One step: `microbatches` x (forward over every layer, backward in reverse), then end_step. Marks,

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <cstring>
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,7 +32,8 @@ class HostOps : public ChainOps {
   HostOps(const Options& o, std::int64_t m, const std::vector<std::vector<std::uint16_t>>& originals)
       : o_(o), m_(m), originals_(originals) {
     for (int i = 0; i <= o.layers; ++i) {
-      const std::int64_t width = i < o.layers ? layer_shape(o, i).in_features : layer_shape(o, o.layers - 1).out_features;
+      const std::int64_t width =
+          i < o.layers ? layer_shape(o, i).in_features : layer_shape(o, o.layers - 1).out_features;
       std::vector<std::uint16_t> x(static_cast<size_t>(m * width));
       for (size_t j = 0; j < x.size(); ++j) x[j] = to_bf16(static_cast<float>(static_cast<int>(j % 3) - 1));
       x_.push_back(x);
@@ -48,7 +49,8 @@ class HostOps : public ChainOps {
     for (std::int64_t r = 0; r < m_; ++r)
       for (std::int64_t c = 0; c < s.out_features; ++c) {
         float acc = 0;
-        for (std::int64_t k = 0; k < s.in_features; ++k) acc += from_bf16(x_[l][r * s.in_features + k]) * from_bf16(wt[c * s.in_features + k]);
+        for (std::int64_t k = 0; k < s.in_features; ++k)
+          acc += from_bf16(x_[l][r * s.in_features + k]) * from_bf16(wt[c * s.in_features + k]);
         x_[l + 1][r * s.out_features + c] = to_bf16(acc);
       }
   }
@@ -59,7 +61,8 @@ class HostOps : public ChainOps {
     for (std::int64_t r = 0; r < m_; ++r)
       for (std::int64_t k = 0; k < s.in_features; ++k) {
         float acc = 0;
-        for (std::int64_t c = 0; c < s.out_features; ++c) acc += from_bf16(d[r * s.out_features + c]) * from_bf16(wt[c * s.in_features + k]);
+        for (std::int64_t c = 0; c < s.out_features; ++c)
+          acc += from_bf16(d[r * s.out_features + c]) * from_bf16(wt[c * s.in_features + k]);
         dx_[l % 2][r * s.in_features + k] = to_bf16(acc);
       }
   }
@@ -69,7 +72,8 @@ class HostOps : public ChainOps {
     for (std::int64_t c = 0; c < s.out_features; ++c)
       for (std::int64_t k = 0; k < s.in_features; ++k) {
         float acc = 0;
-        for (std::int64_t r = 0; r < m_; ++r) acc += from_bf16(d[r * s.out_features + c]) * from_bf16(x_[l][r * s.in_features + k]);
+        for (std::int64_t r = 0; r < m_; ++r)
+          acc += from_bf16(d[r * s.out_features + c]) * from_bf16(x_[l][r * s.in_features + k]);
         grad[c * s.in_features + k] += acc;  // beta = 1
       }
   }
@@ -148,7 +152,8 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
   for (int l = 0; l < o.layers; ++l) {
     shapes.push_back(layer_shape(o, l));
     std::vector<std::uint16_t> w(static_cast<size_t>(o.n * o.k));
-    for (size_t j = 0; j < w.size(); ++j) w[j] = to_bf16(0.25f * static_cast<float>(static_cast<int>((j * 7 + l) % 5) - 2));
+    for (size_t j = 0; j < w.size(); ++j)
+      w[j] = to_bf16(0.25f * static_cast<float>(static_cast<int>((j * 7 + l) % 5) - 2));
     weights.push_back(w);
   }
 
@@ -209,7 +214,8 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
 INSTANTIATE_TEST_SUITE_P(DepthsAndMicrobatches, ChainOnHostBackend,
                          ::testing::Values(Case{0, 1}, Case{1, 1}, Case{2, 1}, Case{1, 2}, Case{2, 3}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return "depth" + std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches);
+                           return "depth" + std::to_string(info.param.depth) + "_mb" +
+                                  std::to_string(info.param.microbatches);
                          });
 
 TEST(ChainSplit, PairsAreSummedByWhatTheyBracket) {
@@ -243,14 +249,16 @@ TEST(ChainSplit, MarksFollowTheCalls) {
     void wgrad(int, float*) override {}
   } log;
   run_step(2, 2, log, log);
+  // clang-format off
   const std::vector<std::string> expected = {
-      "|",                                                          // start
-      "|", "F0", "|", "|", "F1", "|",                               // microbatch 0 forward
-      "|", "B1", "|", "|", "G1", "|", "r1", "|", "B0", "|", "|", "G0", "|", "r0",  // backward
-      "|", "F0", "|", "|", "F1", "|",                               // microbatch 1
-      "|", "B1", "|", "|", "G1", "|", "R1", "|", "B0", "|", "|", "G0", "|", "R0",
-      "|", "D", "|",  // drain
-      "|"};           // end
+      "|",                                                                         // start
+      "|", "F0", "|", "|", "F1", "|",                                              // microbatch 0 forward
+      "|", "B1", "|", "|", "G1", "|", "r1", "|", "B0", "|", "|", "G0", "|", "r0",  // its backward
+      "|", "F0", "|", "|", "F1", "|",                                              // microbatch 1 forward
+      "|", "B1", "|", "|", "G1", "|", "R1", "|", "B0", "|", "|", "G0", "|", "R0",  // its backward
+      "|", "D", "|",                                                               // drain
+      "|"};                                                                        // end
+  // clang-format on
   EXPECT_EQ(log.events, expected);
   size_t marks = 0;
   for (const std::string& e : log.events) marks += e == "|";

@@ -10,8 +10,10 @@
 // stream stood still because the gather was not done. gtp_grad_buffer (its zero-fill runs on the
 // side stream) and gtp_drain (the consumer waits on the side stream) are bracketed the same way.
 // The resident chain records the same event pairs around nothing: that is the measurement floor.
-#include <cuda_runtime_api.h>
+// The step itself (run_step) and the libgtp calls (GtpWeights) live in chain.h, device-free, so
+// chain_test runs the same sequence on the host backend.
 #include <cublas_v2.h>
+#include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,13 +23,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "bench/overlap/chain.h"
 #include "bench/overlap/overlap_options.h"
@@ -56,7 +56,9 @@ struct DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   template <typename T>
-  T* as() const { return static_cast<T*>(ptr); }
+  T* as() const {
+    return static_cast<T*>(ptr);
+  }
 };
 
 struct Events {
@@ -161,9 +163,7 @@ Activations make_activations(const Options& o, std::int64_t m) {
   const std::int64_t widest = std::max(o.n, o.k);
   const std::vector<std::uint16_t> host = random_bf16(m * widest, 1.0f, 7);
   for (int i = 0; i <= o.layers; ++i) {
-    const std::int64_t width =
-        i < o.layers ? layer_shape(o, i).in_features
-                     : layer_shape(o, o.layers - 1).out_features;
+    const std::int64_t width = i < o.layers ? layer_shape(o, i).in_features : layer_shape(o, o.layers - 1).out_features;
     a.x.push_back(std::make_unique<DeviceBuffer>(m * width * 2));
     CUDA(cudaMemcpy(a.x.back()->ptr, host.data(), static_cast<size_t>(m * width * 2), cudaMemcpyHostToDevice));
   }
@@ -180,7 +180,8 @@ class Resident : public WeightSource {
     for (int i = 0; i < o.layers; ++i) {
       const std::int64_t elements = o.n * o.k;
       weights_.push_back(std::make_unique<DeviceBuffer>(elements * 2));
-      CUDA(cudaMemcpy(weights_.back()->ptr, host_weight.data(), static_cast<size_t>(elements * 2), cudaMemcpyHostToDevice));
+      CUDA(cudaMemcpy(weights_.back()->ptr, host_weight.data(), static_cast<size_t>(elements * 2),
+                      cudaMemcpyHostToDevice));
       grads_.push_back(std::make_unique<DeviceBuffer>(elements * 4));
       CUDA(cudaMemset(grads_.back()->ptr, 0, static_cast<size_t>(elements * 4)));
     }
@@ -213,7 +214,9 @@ class DeviceOps : public ChainOps {
   void mark() override {
     if (next_ != nullptr) CUDA(cudaEventRecord(*next_++, stream_));
   }
-  void forward(int layer, const void* w) override { gemms_.forward(w, a_.x[layer]->ptr, a_.x[layer + 1]->ptr, shape(layer)); }
+  void forward(int layer, const void* w) override {
+    gemms_.forward(w, a_.x[layer]->ptr, a_.x[layer + 1]->ptr, shape(layer));
+  }
   void dgrad(int layer, const void* w) override { gemms_.dgrad(w, dy(layer), a_.dx[layer % 2]->ptr, shape(layer)); }
   void wgrad(int layer, float* grad) override { gemms_.wgrad(a_.x[layer]->ptr, dy(layer), grad, shape(layer)); }
 
@@ -247,7 +250,8 @@ StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, Weight
   std::vector<double> step, mat, grad, drain;
   for (int it = 0; it < o.iters; ++it) {
     const cudaEvent_t* e = &ev.events[per_step * static_cast<size_t>(it)];
-    const StepSplit sp = split_step(o.layers, o.microbatches, [&](size_t x, size_t y) { return elapsed_us(e[x], e[y]); });
+    const StepSplit sp =
+        split_step(o.layers, o.microbatches, [&](size_t x, size_t y) { return elapsed_us(e[x], e[y]); });
     step.push_back(sp.step);
     mat.push_back(sp.materialize);
     grad.push_back(sp.grad_buffer);
@@ -269,7 +273,9 @@ json step_json(const StepTimes& t) {
   const double exposed = t.exposed_materialize + t.exposed_grad_buffer + t.exposed_drain;
   return {{"step_us", {{"median", t.step}, {"min", t.step_min}, {"max", t.step_max}}},
           {"exposed_us",
-           {{"materialize", t.exposed_materialize}, {"grad_buffer", t.exposed_grad_buffer}, {"drain", t.exposed_drain},
+           {{"materialize", t.exposed_materialize},
+            {"grad_buffer", t.exposed_grad_buffer},
+            {"drain", t.exposed_drain},
             {"total", exposed}}},
           {"exposed_pct_of_step", t.step > 0 ? 100.0 * exposed / t.step : 0.0},
           {"host_enqueue_us_per_step", t.host_per_step},
@@ -300,7 +306,8 @@ int run(const Options& o, int argc, char** argv) {
     world = env_int("GTP_WORLD_SIZE", "WORLD_SIZE", 0);
     rank = env_int("GTP_RANK", "RANK", -1);
     if (world < 1 || rank < 0 || rank >= world) {
-      throw std::invalid_argument("--bootstrap ucx needs GTP_RANK and GTP_WORLD_SIZE (or RANK/WORLD_SIZE); run under gtp-launch");
+      throw std::invalid_argument(
+          "--bootstrap ucx needs GTP_RANK and GTP_WORLD_SIZE (or RANK/WORLD_SIZE); run under gtp-launch");
     }
   }
   const bool lead = rank == 0;
@@ -363,11 +370,13 @@ int run(const Options& o, int argc, char** argv) {
       return 2.0 * mm * o.n * o.k / s;
     };
     if (m == 0) {
-      if (world > 1) say("warning: --m auto on %d ranks: each rank sizes on its own GPU; pass --m to be sure they agree\n", world);
+      if (world > 1)
+        say("warning: --m auto on %d ranks: each rank sizes on its own GPU; pass --m to be sure they agree\n", world);
       const Sizing s = choose_m(o.n, o.k, gather_model_s, m_max, rate);
       m = s.m;
       json steps = json::array();
-      for (const auto& st : s.steps) steps.push_back({{"m", st.m}, {"tflops", st.flops_per_s / 1e12}, {"gemm_us", st.gemm_seconds * 1e6}});
+      for (const auto& st : s.steps)
+        steps.push_back({{"m", st.m}, {"tflops", st.flops_per_s / 1e12}, {"gemm_us", st.gemm_seconds * 1e6}});
       sizing = {{"mode", "auto"}, {"why", s.why}, {"steps", steps}};
       say("auto-size: %s\n", s.why.c_str());
     } else {
@@ -392,7 +401,8 @@ int run(const Options& o, int argc, char** argv) {
         gather_model_s * 1e6, sizing["gemm_us"].get<double>(), gemm_rate / 1e12);
   }
 
-  const std::vector<std::uint16_t> host_weight = random_bf16(elements, 1.0f / std::sqrt(static_cast<float>(std::max(o.n, o.k))), 11);
+  const std::vector<std::uint16_t> host_weight =
+      random_bf16(elements, 1.0f / std::sqrt(static_cast<float>(std::max(o.n, o.k))), 11);
   Activations acts = make_activations(o, m);
   const Gemms gemms(handle, m);
   json configs = json::array();
@@ -409,8 +419,8 @@ int run(const Options& o, int argc, char** argv) {
     json c = step_json(resident);
     c["mode"] = "resident";
     configs.push_back(c);
-    say("%-9s %-6s %-6s %5s  step %9.1f us  exposed %7.1f us (event floor)  peak %7.1f MiB\n", "resident", "-", "-", "-",
-        resident.step, resident.exposed_materialize + resident.exposed_grad_buffer + resident.exposed_drain,
+    say("%-9s %-6s %-6s %5s  step %9.1f us  exposed %7.1f us (event floor)  peak %7.1f MiB\n", "resident", "-", "-",
+        "-", resident.step, resident.exposed_materialize + resident.exposed_grad_buffer + resident.exposed_drain,
         resident.peak_bytes / 1048576.0);
   }
 
@@ -425,8 +435,11 @@ int run(const Options& o, int argc, char** argv) {
     for (const std::string& priority : o.priorities) {
       double all_exposed = 0;  // depth 0's materialize wait
       for (int depth : depths) {
-        json c = {{"mode", "gtp"}, {"wire", gtp::kernels::to_string(wire)}, {"prefetch_depth", depth},
-                  {"stream_priority", priority}, {"reference", depth == 0}};
+        json c = {{"mode", "gtp"},
+                  {"wire", gtp::kernels::to_string(wire)},
+                  {"prefetch_depth", depth},
+                  {"stream_priority", priority},
+                  {"reference", depth == 0}};
         if (!gtp_error.empty()) {
           c["error"] = gtp_error;
           configs.push_back(c);
@@ -438,7 +451,8 @@ int run(const Options& o, int argc, char** argv) {
           std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // declared first: outlives the context
           gtp_bootstrap_callbacks_t callbacks = one_rank_callbacks();
           gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
-          config.bootstrap = o.bootstrap == Bootstrap::kCallbacks ? GTP_BOOTSTRAP_CALLBACKS : GTP_BOOTSTRAP_UCX_FROM_ENV;
+          config.bootstrap =
+              o.bootstrap == Bootstrap::kCallbacks ? GTP_BOOTSTRAP_CALLBACKS : GTP_BOOTSTRAP_UCX_FROM_ENV;
           config.callbacks = o.bootstrap == Bootstrap::kCallbacks ? &callbacks : nullptr;
           config.timeout_ms = o.timeout_ms;
           config.backend = GTP_BACKEND_CUDA;
@@ -451,7 +465,8 @@ int run(const Options& o, int argc, char** argv) {
           std::vector<float*> main_grads;
           for (int i = 0; i < o.layers; ++i) {
             const GtpWeights::Rows rows = weights.rows(i);
-            const std::int64_t cols = shapes[static_cast<size_t>(i)].in_features, held = std::max<std::int64_t>(rows.count, 1);
+            const std::int64_t cols = shapes[static_cast<size_t>(i)].in_features,
+                               held = std::max<std::int64_t>(rows.count, 1);
             buffers.push_back(std::make_unique<DeviceBuffer>(held * cols * 2));
             if (rows.count > 0) {
               CUDA(cudaMemcpy(buffers.back()->ptr, host_weight.data() + rows.first * cols,
@@ -478,9 +493,10 @@ int run(const Options& o, int argc, char** argv) {
           c["materialize_host_us_median"] = median(weights.materialize_host_us());
           c["runtime_stats"] = json::parse(weights.stats_json());
           c["targets"] = {{"exposed_le_3pct_of_step", exposed <= 0.03 * t.step}, {"step_ratio_le_1_03", ratio <= 1.03}};
-          say("%-9s %-6s %-6s %5d  step %9.1f us  exposed %7.1f us (%5.2f %%)  overlap %6.2f %%  x%.3f  peak %7.1f MiB\n",
-              "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth, t.step, exposed, 100.0 * exposed / t.step,
-              overlap, ratio, t.peak_bytes / 1048576.0);
+          say("%-9s %-6s %-6s %5d  step %9.1f us  exposed %7.1f us (%5.2f %%)  overlap %6.2f %%  x%.3f  peak %7.1f "
+              "MiB\n",
+              "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth, t.step, exposed,
+              100.0 * exposed / t.step, overlap, ratio, t.peak_bytes / 1048576.0);
         } catch (const GtpError& e) {
           // A context that cannot be created (e.g. a libgtp without GTP_BACKEND_CUDA) fails every
           // configuration the same way: record it, skip the rest, keep the resident numbers.
@@ -507,9 +523,14 @@ int run(const Options& o, int argc, char** argv) {
     const json doc = {
         {"tool", "gtp-overlap-bench"},
         {"machine",
-         {{"hostname", hostname}, {"gpu", prop.name}, {"sm_count", prop.multiProcessorCount},
-          {"memory_bytes", prop.totalGlobalMem}, {"cuda_driver", driver}, {"cuda_runtime", runtime},
-          {"cublas", cublas_version}, {"stream_priority_range", {{"greatest", greatest_priority}, {"least", least_priority}}}}},
+         {{"hostname", hostname},
+          {"gpu", prop.name},
+          {"sm_count", prop.multiProcessorCount},
+          {"memory_bytes", prop.totalGlobalMem},
+          {"cuda_driver", driver},
+          {"cuda_runtime", runtime},
+          {"cublas", cublas_version},
+          {"stream_priority_range", {{"greatest", greatest_priority}, {"least", least_priority}}}}},
         {"commit", commit ? commit : "unknown"},
         {"command", command},
         {"world_size", world},

@@ -2,11 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
-
-#include <nlohmann/json.hpp>
 
 namespace gtp::bench::overlap {
 namespace {
@@ -25,7 +24,8 @@ std::int64_t parse_int(const std::string& flag, const std::string& value, std::i
     used = 0;
   }
   if (used == 0 || used != value.size()) {
-    throw std::invalid_argument(flag + " '" + value + "' is not an integer; give e.g. " + flag + " " + std::to_string(lo));
+    throw std::invalid_argument(flag + " '" + value + "' is not an integer; give e.g. " + flag + " " +
+                                std::to_string(lo));
   }
   if (v < lo || v > hi) {
     throw std::invalid_argument(flag + " " + value + " is out of range; give a value in [" + std::to_string(lo) + ", " +
@@ -39,7 +39,8 @@ std::vector<std::string> split(const std::string& flag, const std::string& list)
   std::stringstream in(list);
   std::string item;
   while (std::getline(in, item, ',')) {
-    if (item.empty()) throw std::invalid_argument(flag + " '" + list + "' has an empty item; give a comma-separated list");
+    if (item.empty())
+      throw std::invalid_argument(flag + " '" + list + "' has an empty item; give a comma-separated list");
     items.push_back(item);
   }
   if (items.empty()) throw std::invalid_argument(flag + " is empty; give a comma-separated list");
@@ -61,7 +62,8 @@ void check_dim(const char* flag, std::int64_t v) {
 }  // namespace
 
 std::string usage() {
-  return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup N]\n"
+  return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup "
+         "N]\n"
          "                         [--wires bf16,fp8,mxfp8,nvfp4] [--depths 1,2] [--priorities high,normal]\n"
          "                         [--bootstrap callbacks|ucx] [--gather-gbps B] [--timeout-ms T] [--json PATH]\n"
          "A chain of L linear layers (weights [N,K] and [K,N] alternating, activations [M,K]), forward and\n"
@@ -81,7 +83,8 @@ Options parse_options(int argc, const char* const* argv) {
       o.help = true;
       continue;
     }
-    if (flag.rfind("--", 0) != 0) throw std::invalid_argument("unexpected argument '" + flag + "'; flags start with --");
+    if (flag.rfind("--", 0) != 0)
+      throw std::invalid_argument("unexpected argument '" + flag + "'; flags start with --");
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
     if (flag == "--m") {
@@ -109,7 +112,8 @@ Options parse_options(int argc, const char* const* argv) {
       }
     } else if (flag == "--depths") {
       o.depths.clear();
-      for (const std::string& d : split(flag, value)) o.depths.push_back(static_cast<int>(parse_int("--depths", d, 0, 64)));
+      for (const std::string& d : split(flag, value))
+        o.depths.push_back(static_cast<int>(parse_int("--depths", d, 0, 64)));
     } else if (flag == "--priorities") {
       o.priorities = split(flag, value);
       for (const std::string& p : o.priorities) {
@@ -123,7 +127,8 @@ Options parse_options(int argc, const char* const* argv) {
       } else if (value == "ucx") {
         o.bootstrap = Bootstrap::kUcxFromEnv;
       } else {
-        throw std::invalid_argument("--bootstrap '" + value + "' is unknown; use callbacks (one rank) or ucx (GTP_RANK etc.)");
+        throw std::invalid_argument("--bootstrap '" + value +
+                                    "' is unknown; use callbacks (one rank) or ucx (GTP_RANK etc.)");
       }
     } else if (flag == "--gather-gbps") {
       std::size_t used = 0;
@@ -202,10 +207,12 @@ Sizing choose_m(std::int64_t n, std::int64_t k, double gather_s, std::int64_t m_
   s.m = pick->m;
   std::ostringstream why;
   why.precision(3);
-  why << "one gather of a " << n << "x" << k << " BF16 weight takes " << gather_s * 1e6 << " us (model from the measured "
+  why << "one gather of a " << n << "x" << k << " BF16 weight takes " << gather_s * 1e6
+      << " us (model from the measured "
       << "copy rate); a GEMM of M " << pick->m << " runs at " << pick->flops_per_s / 1e12 << " TFLOP/s for "
       << pick->gemm_seconds * 1e6 << " us"
-      << (pick->gemm_seconds >= gather_s ? ", the smallest M tried with GEMM >= gather" : ", the largest M tried (M is capped)");
+      << (pick->gemm_seconds >= gather_s ? ", the smallest M tried with GEMM >= gather"
+                                         : ", the largest M tried (M is capped)");
   s.why = why.str();
   return s;
 }
@@ -214,7 +221,8 @@ std::string profile_json(int world_size, const std::string& stream_priority, int
                          kernels::WireFormat wire) {
   if (world_size < 1) throw std::invalid_argument("profile_json: world_size " + std::to_string(world_size) + " < 1");
   if (stream_priority != "high" && stream_priority != "normal" && stream_priority != "low") {
-    throw std::invalid_argument("profile_json: stream priority '" + stream_priority + "' is unknown; use high, normal or low");
+    throw std::invalid_argument("profile_json: stream priority '" + stream_priority +
+                                "' is unknown; use high, normal or low");
   }
   nlohmann::json gpus = nlohmann::json::array();
   for (int g = 0; g < world_size; ++g) gpus.push_back({{"index", g}, {"nvlink_domain", "nvswitch"}});
@@ -223,11 +231,16 @@ std::string profile_json(int world_size, const std::string& stream_priority, int
       {"name", "gtp-overlap-bench"},
       {"description", "one host, TP 1, G = world size; the side streams' priority is what the benchmark varies"},
       {"cluster", {{"template", {{"host_count", 1}, {"host", {{"hostname", "bench"}, {"gpus", gpus}}}}}}},
-      {"parallel", {{"world_size", world_size}, {"tensor_model_parallel_size", 1},
-                    {"tensor_parallel_num_weight_shards", world_size}}},
+      {"parallel",
+       {{"world_size", world_size},
+        {"tensor_model_parallel_size", 1},
+        {"tensor_parallel_num_weight_shards", world_size}}},
       {"placement", {{"on_violation", "warn"}}},
-      {"groups", {{"gtp_remat", {{"stream_priority", stream_priority}, {"prefetch_depth", prefetch_depth},
-                                 {"wire_format", kernels::to_string(wire)}}}}}};
+      {"groups",
+       {{"gtp_remat",
+         {{"stream_priority", stream_priority},
+          {"prefetch_depth", prefetch_depth},
+          {"wire_format", kernels::to_string(wire)}}}}}};
   return profile.dump();
 }
 

@@ -24,9 +24,9 @@ struct Options {
   int warmup = 5;
   std::vector<kernels::WireFormat> wires = {kernels::WireFormat::kBF16, kernels::WireFormat::kFP8,
                                             kernels::WireFormat::kMXFP8, kernels::WireFormat::kNVFP4};
-  std::vector<int> depths = {1, 2};             // depth 0 (the all-exposed reference) is always added
+  std::vector<int> depths = {1, 2};                          // depth 0 (the all-exposed reference) is always added
   std::vector<std::string> priorities = {"high", "normal"};  // profile groups.gtp_remat.stream_priority
-  Bootstrap bootstrap = Bootstrap::kCallbacks;  // kCallbacks: one rank in this process
+  Bootstrap bootstrap = Bootstrap::kCallbacks;               // kCallbacks: one rank in this process
   double gather_gbps = 0;  // all-gather busbw for auto-sizing when G > 1 (GB/s); 0 = 360, NCCL's ring on H200
   std::int64_t timeout_ms = 120000;
   std::string json_path;

@@ -2,8 +2,8 @@
 #include "bench/overlap/overlap_options.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -43,9 +43,34 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
 }
 
 TEST(OverlapOptions, ParsesEveryFlag) {
-  const Options o = parse({"--m", "512", "--n", "4096", "--k", "1024", "--layers", "6", "--microbatches", "4", "--iters", "7", "--warmup", "0",
-                           "--wires", "nvfp4,bf16", "--depths", "0,3", "--priorities", "low", "--bootstrap", "ucx",
-                           "--gather-gbps", "350.5", "--timeout-ms", "5000", "--json", "out.json"});
+  const Options o = parse({"--m",
+                           "512",
+                           "--n",
+                           "4096",
+                           "--k",
+                           "1024",
+                           "--layers",
+                           "6",
+                           "--microbatches",
+                           "4",
+                           "--iters",
+                           "7",
+                           "--warmup",
+                           "0",
+                           "--wires",
+                           "nvfp4,bf16",
+                           "--depths",
+                           "0,3",
+                           "--priorities",
+                           "low",
+                           "--bootstrap",
+                           "ucx",
+                           "--gather-gbps",
+                           "350.5",
+                           "--timeout-ms",
+                           "5000",
+                           "--json",
+                           "out.json"});
   EXPECT_EQ(o.m, 512);
   EXPECT_EQ(o.n, 4096);
   EXPECT_EQ(o.k, 1024);
@@ -69,7 +94,8 @@ TEST(OverlapOptions, BadFlagsNameTheValueAndTheFix) {
   EXPECT_NE(parse_error({"--n", "1000"}).find("use 1024"), std::string::npos);
   EXPECT_NE(parse_error({"--k", "12x"}).find("--k '12x' is not an integer"), std::string::npos);
   EXPECT_NE(parse_error({"--m", "0"}).find("--m 0 is out of range"), std::string::npos);
-  EXPECT_NE(parse_error({"--layers", "0"}).find("--layers 0 is out of range; give a value in [1, 1024]"), std::string::npos);
+  EXPECT_NE(parse_error({"--layers", "0"}).find("--layers 0 is out of range; give a value in [1, 1024]"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--microbatches", "65"}).find("--microbatches 65 is out of range"), std::string::npos);
   EXPECT_NE(parse_error({"--depths", "1,65"}).find("--depths 65 is out of range"), std::string::npos);
   EXPECT_NE(parse_error({"--depths", "1,1"}).find("lists '1' twice"), std::string::npos);
@@ -111,7 +137,7 @@ TEST(OverlapSizing, ConstantRateSolvesInOneStep) {
   const double rate = 600e12;
   const double gather_s = 2.0 * n * k * 700 / rate;  // a GEMM of M = 700 lasts exactly this long
   const Sizing s = choose_m(n, k, gather_s, 65536, [&](std::int64_t) { return rate; });
-  EXPECT_EQ(s.m, 704);  // 700 rounded up to the multiple of 64
+  EXPECT_EQ(s.m, 704);            // 700 rounded up to the multiple of 64
   ASSERT_EQ(s.steps.size(), 2u);  // 1024, then 704, whose next M is 704 again: stop
   EXPECT_EQ(s.steps[0].m, 1024);
   EXPECT_EQ(s.steps[1].m, 704);

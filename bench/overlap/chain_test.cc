@@ -3,13 +3,17 @@
 #include "bench/overlap/chain.h"
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
 namespace gtp::bench::overlap {
 namespace {
 
@@ -131,7 +135,34 @@ class HostResident : public WeightSource {
   std::vector<bool> handed_out_;
 };
 
+// The C vtable over a comm::Bootstrap (thread ranks), as a framework would supply it.
+gtp_bootstrap_result_t on_bootstrap(void* user, const std::function<void(comm::Bootstrap&)>& body) {
+  try {
+    body(*static_cast<comm::Bootstrap*>(user));
+    return GTP_BOOTSTRAP_OK;
+  } catch (...) {
+    return GTP_BOOTSTRAP_ERROR;
+  }
+}
+gtp_bootstrap_callbacks_t callbacks_for(comm::Bootstrap& bootstrap) {
+  gtp_bootstrap_callbacks_t c{};
+  c.struct_size = sizeof(c);
+  c.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
+  c.rank = bootstrap.rank();
+  c.world_size = bootstrap.world_size();
+  c.user_data = &bootstrap;
+  c.allgather = [](void* u, const void* send, void* recv, size_t bytes, int64_t) {
+    return on_bootstrap(u, [&](comm::Bootstrap& b) { b.allgather(send, recv, bytes); });
+  };
+  c.broadcast = [](void* u, void* buffer, size_t bytes, int32_t root, int64_t) {
+    return on_bootstrap(u, [&](comm::Bootstrap& b) { b.broadcast(buffer, bytes, root); });
+  };
+  c.barrier = [](void* u, int64_t) { return on_bootstrap(u, [](comm::Bootstrap& b) { b.barrier(); }); };
+  return c;
+}
+
 struct Case {
+  int world;  // ranks (threads); G = world
   int depth;
   int microbatches;
 };
@@ -156,66 +187,84 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
       w[j] = to_bf16(0.25f * static_cast<float>(static_cast<int>((j * 7 + l) % 5) - 2));
     weights.push_back(w);
   }
-
-  gtp_bootstrap_callbacks_t callbacks = one_rank_callbacks();
-  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
-  config.callbacks = &callbacks;
-  config.backend = GTP_BACKEND_HOST;
-  config.accumulate_microbatches = o.microbatches > 1;
-  GtpWeights gtp(config, 1, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr);
-  std::vector<std::vector<float>> main_grads;
-  std::vector<const void*> shards;
-  std::vector<float*> main_ptrs;
-  for (int l = 0; l < o.layers; ++l) {
-    const GtpWeights::Rows rows = gtp.rows(l);
-    EXPECT_EQ(rows.first, 0);
-    EXPECT_EQ(rows.count, shapes[static_cast<size_t>(l)].out_features);  // one rank holds every row
-    shards.push_back(weights[static_cast<size_t>(l)].data());
-    main_grads.emplace_back(weights[static_cast<size_t>(l)].size(), 0.0f);
-    main_ptrs.push_back(main_grads.back().data());
-  }
-  gtp.register_and_pack(shards, main_ptrs);
-
-  HostOps gtp_ops(o, m, weights), ref_ops(o, m, weights);
+  // The reference: every rank computes the same wgrads, so their mean over G is the same value.
+  HostOps ref_ops(o, m, weights);
   HostResident reference(weights);
-  for (int step = 0; step < steps; ++step) {
-    run_step(o.layers, o.microbatches, gtp, gtp_ops);
-    run_step(o.layers, o.microbatches, reference, ref_ops);
-  }
+  for (int step = 0; step < steps; ++step) run_step(o.layers, o.microbatches, reference, ref_ops);
 
-  EXPECT_EQ(gtp_ops.wrong_weights, 0);
-  EXPECT_EQ(gtp_ops.marks, static_cast<int>(marks_per_step(o.layers, o.microbatches)) * steps);
-  for (int l = 0; l < o.layers; ++l) {
-    EXPECT_EQ(main_grads[static_cast<size_t>(l)], reference.main[static_cast<size_t>(l)]) << "layer " << l;
-  }
-  bool nonzero = false;
-  for (float g : main_grads[0]) nonzero = nonzero || g != 0.0f;
-  EXPECT_TRUE(nonzero) << "the test's gradients must not vanish";
+  auto rank_body = [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+    config.callbacks = &callbacks;
+    config.backend = GTP_BACKEND_HOST;
+    config.accumulate_microbatches = o.microbatches > 1;
+    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr);
+    std::vector<std::vector<float>> main_grads;
+    std::vector<const void*> shards;
+    std::vector<float*> main_ptrs;
+    std::vector<GtpWeights::Rows> held;
+    for (int l = 0; l < o.layers; ++l) {
+      const GtpWeights::Rows rows = gtp.rows(l);
+      const std::int64_t cols = shapes[static_cast<size_t>(l)].in_features;
+      EXPECT_EQ(rows.count, shapes[static_cast<size_t>(l)].out_features / param.world);  // no padding here
+      EXPECT_EQ(rows.first, rank * rows.count);
+      held.push_back(rows);
+      shards.push_back(weights[static_cast<size_t>(l)].data() + rows.first * cols);
+      main_grads.emplace_back(static_cast<size_t>(rows.count * cols), 0.0f);
+      main_ptrs.push_back(main_grads.back().data());
+    }
+    gtp.register_and_pack(shards, main_ptrs);
 
-  const nlohmann::json stats = nlohmann::json::parse(gtp.stats_json());
-  EXPECT_EQ(stats["materialize"]["calls"].get<int>(), steps * o.microbatches * 2 * o.layers);
-  EXPECT_EQ(stats["chains"]["mismatches"].get<int>(), 0) << stats["chains"].dump();
-  EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), steps * o.layers);  // once per weight per step
-  const int calls = steps * o.microbatches * 2 * o.layers;
-  if (param.depth == 0) {
-    EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), 0);
-    EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), calls);
+    HostOps ops(o, m, weights);
+    for (int step = 0; step < steps; ++step) run_step(o.layers, o.microbatches, gtp, ops);
+
+    EXPECT_EQ(ops.wrong_weights, 0) << "rank " << rank;
+    EXPECT_EQ(ops.marks, static_cast<int>(marks_per_step(o.layers, o.microbatches)) * steps);
+    for (int l = 0; l < o.layers; ++l) {
+      const std::int64_t cols = shapes[static_cast<size_t>(l)].in_features;
+      const std::vector<float>& full = reference.main[static_cast<size_t>(l)];
+      const std::vector<float> rows(
+          full.begin() + held[static_cast<size_t>(l)].first * cols,
+          full.begin() + (held[static_cast<size_t>(l)].first + held[static_cast<size_t>(l)].count) * cols);
+      EXPECT_EQ(main_grads[static_cast<size_t>(l)], rows) << "rank " << rank << " layer " << l;
+    }
+    bool nonzero = false;
+    for (float g : main_grads[0]) nonzero = nonzero || g != 0.0f;
+    EXPECT_TRUE(nonzero) << "the test's gradients must not vanish";
+
+    const nlohmann::json stats = nlohmann::json::parse(gtp.stats_json());
+    const int calls = steps * o.microbatches * 2 * o.layers;
+    EXPECT_EQ(stats["materialize"]["calls"].get<int>(), calls);
+    EXPECT_EQ(stats["chains"]["mismatches"].get<int>(), 0) << stats["chains"].dump();
+    EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), steps * o.layers);  // once per weight per step
+    if (param.depth == 0) {
+      EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), 0);
+      EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), calls);
+    } else {
+      // The first step records the chains (all on demand). Later steps: only the active chain
+      // prefetches (docs/remat.md, "Cross-chain lookahead"), so each switch between the forward and
+      // the backward chain is one on-demand gather: 2B - 1 a step (drain prefetches the step's head).
+      const int exposed = o.microbatches * 2 * o.layers + (steps - 1) * (2 * o.microbatches - 1);
+      EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), exposed);
+      EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), calls - exposed);
+    }
+    EXPECT_EQ(gtp.materialize_host_us().size(), static_cast<size_t>(calls));
+  };
+  if (param.world == 1) {
+    const gtp_bootstrap_callbacks_t callbacks = one_rank_callbacks();
+    rank_body(0, callbacks);
   } else {
-    // The first step records the chains (all on demand). Later steps: only the active chain
-    // prefetches (docs/remat.md, "Cross-chain lookahead"), so each switch between the forward and
-    // the backward chain is one on-demand gather: 2B - 1 a step (drain prefetches the step's head).
-    const int exposed = o.microbatches * 2 * o.layers + (steps - 1) * (2 * o.microbatches - 1);
-    EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), exposed);
-    EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), calls - exposed);
+    auto group = comm::ThreadBootstrap::create_group(param.world, std::chrono::milliseconds(30000));
+    comm::internal::rethrow_first(comm::internal::run_ranks(
+        param.world, [&](int rank) { rank_body(rank, callbacks_for(*group[static_cast<size_t>(rank)])); }));
   }
-  EXPECT_EQ(gtp.materialize_host_us().size(), static_cast<size_t>(steps * o.microbatches * 2 * o.layers));
 }
 
-INSTANTIATE_TEST_SUITE_P(DepthsAndMicrobatches, ChainOnHostBackend,
-                         ::testing::Values(Case{0, 1}, Case{1, 1}, Case{2, 1}, Case{1, 2}, Case{2, 3}),
+INSTANTIATE_TEST_SUITE_P(RanksDepthsAndMicrobatches, ChainOnHostBackend,
+                         ::testing::Values(Case{1, 0, 1}, Case{1, 1, 1}, Case{1, 2, 1}, Case{1, 1, 2}, Case{1, 2, 3},
+                                           Case{2, 0, 1}, Case{2, 1, 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
-                           return "depth" + std::to_string(info.param.depth) + "_mb" +
-                                  std::to_string(info.param.microbatches);
+                           return "world" + std::to_string(info.param.world) + "_depth" +
+                                  std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches);
                          });
 
 TEST(ChainSplit, PairsAreSummedByWhatTheyBracket) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU-machine check in one call, most important first, every log kept: correctness
 # (kernel tests, compute-sanitizer, comm/remat/cluster GPU tests), the live topology probe, the
-# kernel benchmark and its torch.compile peer, then the collectives (bench/collectives/run_gpu.sh).
+# kernel benchmark and its torch.compile peer, the collectives (bench/collectives/run_gpu.sh), then
+# the overlap benchmark (gtp-overlap-bench).
 # Everything lands in $OUT/h200_results.tgz (the device tool returns at most 8 files).
 set -uo pipefail
 source bench/gpu_env.sh
@@ -23,3 +24,5 @@ bash bench/run_h200.sh topology > "$work/topology.log" 2>&1; echo "== topology p
 grep -E "^(fp8|mxfp8|nvfp4_1d|nvfp4_2d|bf16|-) .* (64|256) " "$work/kernels.log" | grep -v "  4 \|  16 "
 bash bench/run_h200.sh comm > "$work/comm.log" 2>&1
 grep -E "^\[0\] .*(gtp_wire|#wrong|nccl )|^==" "$work/comm.log" | grep -E "gtp_wire|==" | head -40
+bash bench/run_h200.sh overlap > "$work/overlap.log" 2>&1
+grep -E "^(resident|gtp|sizes|rates|auto-size|one rank|gtp-overlap-bench exit)" "$work/overlap.log"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Bazel there), in one call: the kernel tests, compute-sanitizer
-# memcheck and racecheck on them, the kernel benchmark and its torch.compile peer, then the comm
-# GPU tests and collective benchmark (bench/collectives/run_gpu.sh). Binaries come prebuilt
-# (bazel build -c opt) in .carry/bin; results go to $OUT. Set GTP_COMMIT to record the commit.
-#   bench/run_h200.sh [kernels|comm|topology|all]     (default all)
+# memcheck and racecheck on them, the kernel benchmark and its torch.compile peer, the comm GPU
+# tests and collective benchmark (bench/collectives/run_gpu.sh), then the overlap benchmark
+# (gtp-overlap-bench). Binaries come prebuilt (bazel build -c opt) in .carry/bin; results go to
+# $OUT. Set GTP_COMMIT to record the commit.
+#   bench/run_h200.sh [kernels|comm|topology|overlap|all]     (default all)
 set -uo pipefail
 what=${1:-all}
 bin=.carry/bin
@@ -34,4 +35,12 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
 fi
 if [ "$what" = comm ] || [ "$what" = all ]; then
   GTP_BIN=$bin bash bench/collectives/run_gpu.sh
+fi
+if [ "$what" = overlap ] || [ "$what" = all ]; then
+  echo "== gtp-overlap-bench (one GPU: the gather is a size-1 communicator's device copy)"
+  $bin/gtp-overlap-bench --json "$out/overlap_bench.json" 2>&1
+  echo "gtp-overlap-bench exit: $?"
+  echo "== gtp-overlap-bench, 4 microbatches a step (wgrads accumulated: one reduce-scatter per weight per step)"
+  $bin/gtp-overlap-bench --microbatches 4 --wires bf16,nvfp4 --json "$out/overlap_bench_mb4.json" 2>&1
+  echo "gtp-overlap-bench exit: $?"
 fi

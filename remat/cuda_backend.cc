@@ -20,8 +20,9 @@ void run_callback(void* data) {
 
 }  // namespace
 
-CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout)
-    : device_(device), groups_(std::move(groups)), timeout_(timeout), events_(device) {
+CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
+                         cudaStream_t side_stream)
+    : device_(device), groups_(std::move(groups)), timeout_(timeout), side_(side_stream), events_(device) {
   if (groups_.empty()) throw std::invalid_argument("CudaBackend: no groups; pass one NcclComm per group");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g] == nullptr || !groups_[g]->valid()) {
@@ -29,16 +30,16 @@ CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::c
     }
   }
   check(cudaSetDevice(device_), "cudaSetDevice");
+  if (side_ != nullptr) return;
   const comm::StreamPriorityRange range = comm::stream_priority_range(device_);
   check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, range.greatest), "cudaStreamCreateWithPriority");
+  owns_side_ = true;
 }
 
 CudaBackend::~CudaBackend() {
   for (auto& [id, event] : live_) events_.release(event);
-  if (side_ != nullptr) {
-    cudaStreamSynchronize(side_);
-    cudaStreamDestroy(side_);
-  }
+  if (side_ != nullptr) cudaStreamSynchronize(side_);
+  if (owns_side_) cudaStreamDestroy(side_);
 }
 
 comm::NcclComm& CudaBackend::comm(int group) const {

@@ -1,5 +1,6 @@
 // CudaBackend: the remat runtime on device memory, the CUDA pack/unpack kernels and NCCL. All work
-// goes to one side stream (created with the device's greatest priority) and is ordered against
+// goes to one side stream (by default created with the device's greatest priority; the C ABI lends
+// one from a comm::StreamPool at the profile's stream_priority) and is ordered against
 // consumer streams with pooled events: the host never synchronizes with the device, except inside
 // cudaMalloc/cudaFree, which only warm-up and teardown reach.
 #pragma once
@@ -21,8 +22,10 @@ class CudaBackend : public Backend {
   // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
   // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
   // Throws std::invalid_argument for an empty list or an invalid communicator, std::runtime_error
-  // when CUDA fails.
-  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout);
+  // when CUDA fails. `side_stream`: a stream on `device` to do all work on, not owned (it must outlive
+  // the backend); nullptr creates one with the device's greatest priority.
+  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
+              cudaStream_t side_stream = nullptr);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -62,6 +65,7 @@ class CudaBackend : public Backend {
   std::vector<comm::NcclComm*> groups_;
   std::chrono::milliseconds timeout_;
   cudaStream_t side_ = nullptr;
+  bool owns_side_ = false;
   comm::EventPool events_;
   std::unordered_map<Event, cudaEvent_t> live_;
   Event next_ = 0;

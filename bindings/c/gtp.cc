@@ -261,14 +261,10 @@ std::int64_t budget_for(const gtp_context_config_t& config, const gtp::topology:
                                                  "; give 0 (no limit), a byte count or GTP_FROM_PROFILE");
     return config.memory_budget_bytes;
   }
-  std::int64_t total = 0;
-  for (const char* group : {kDenseGroup, kExpertGroup}) {
-    if (group == kExpertGroup && profile.groups.count(kExpertGroup) == 0) break;
-    const std::int64_t budget = profile.group(group).memory_budget_bytes;
-    if (budget == 0) return 0;
-    total += budget;
-  }
-  return total;
+  const std::int64_t dense = profile.group(kDenseGroup).memory_budget_bytes;
+  if (profile.groups.count(kExpertGroup) == 0) return dense;
+  const std::int64_t expert = profile.group(kExpertGroup).memory_budget_bytes;
+  return dense == 0 || expert == 0 ? 0 : dense + expert;
 }
 
 // Priority classes of the profile onto the device's range (a lower number runs first).
@@ -327,9 +323,8 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 // CUDA backend: a world NcclComm over the bootstrap, split once per distinct group family with that
 // group's nccl settings, and one CudaBackend over them whose side stream comes from a StreamPool at
 // the gtp_remat group's stream_priority.
-void build_cuda(gtp_context& ctx, const gtp::topology::Profile& profile,
+void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
                 const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
-  const int device = current_device();
   try {
     ctx.streams = std::make_unique<gtp::comm::StreamPool>(device);
     ctx.nccl_world = std::make_unique<gtp::comm::NcclComm>(gtp::comm::NcclComm::create_world(*ctx.bootstrap, timeout));
@@ -372,7 +367,7 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
   require(backend == GTP_BACKEND_HOST || backend == GTP_BACKEND_CUDA,
           "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST or GTP_BACKEND_CUDA");
   // Before any collective: a rank without a device fails here instead of stalling its peers' NCCL init.
-  if (backend == GTP_BACKEND_CUDA) current_device();
+  const int device = backend == GTP_BACKEND_CUDA ? current_device() : -1;
   const std::chrono::milliseconds timeout(config->timeout_ms);
 
   auto ctx = std::make_unique<gtp_context>();
@@ -399,7 +394,7 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
 
   const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
   if (backend == GTP_BACKEND_CUDA) {
-    build_cuda(*ctx, profile, families, timeout);
+    build_cuda(*ctx, device, profile, families, timeout);
   } else {
     build_host(*ctx, families, timeout);
   }

@@ -43,7 +43,8 @@ const char* gtp_status_string(gtp_status_t status);
 typedef struct gtp_context gtp_context_t;
 
 typedef enum { GTP_BOOTSTRAP_CALLBACKS = 0, GTP_BOOTSTRAP_UCX_FROM_ENV = 1 } gtp_bootstrap_kind_t;
-/* GTP_BACKEND_CUDA runs on the CUDA device current on the thread that calls gtp_context_create. */
+/* GTP_BACKEND_CUDA runs on the CUDA device current on the thread that calls gtp_context_create
+ * (cudaSetDevice first; CUDA's default is device 0). */
 typedef enum { GTP_BACKEND_HOST = 0, GTP_BACKEND_CUDA = 1 } gtp_backend_t;
 
 /* prefetch_depth / memory_budget_bytes: take the value of the profile's group settings (or their
@@ -84,7 +85,8 @@ typedef struct {
 gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);
 /* Collective; NULL is accepted. Handles of the context become stale. */
 gtp_status_t gtp_context_destroy(gtp_context_t* ctx);
-/* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE). */
+/* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE); on
+ * the CUDA backend aborts its NCCL communicators, cancelling their pending work. */
 gtp_status_t gtp_context_abort(gtp_context_t* ctx);
 /* The message of the context's latest failure ("" if none); valid until the next call on ctx. */
 const char* gtp_last_error(const gtp_context_t* ctx);

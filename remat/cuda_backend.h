@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -17,12 +18,20 @@
 
 namespace gtp::remat {
 
+// A CUDA call, kernel launch or NCCL enqueue of the CudaBackend failed (device memory exhausted, an
+// invalid pointer, a sticky device error): the C ABI reports it as GTP_ERROR_CUDA. NCCL timeouts and
+// asynchronous communicator errors stay comm::CommError.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class CudaBackend : public Backend {
  public:
   // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
   // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
-  // Throws std::invalid_argument for an empty list or an invalid communicator, std::runtime_error
-  // when CUDA fails. `side_stream`: a stream on `device` to do all work on, not owned (it must outlive
+  // Throws std::invalid_argument for an empty list or an invalid communicator, CudaError when CUDA
+  // fails (here and in every call). `side_stream`: a stream on `device` to do all work on, not owned (it must outlive
   // the backend); nullptr creates one with the device's greatest priority.
   CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
               cudaStream_t side_stream = nullptr);

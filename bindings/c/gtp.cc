@@ -94,6 +94,9 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
   } catch (const StatusError& e) {
     status = e.status;
     message = e.what();
+  } catch (const gtp::remat::CudaError& e) {
+    status = GTP_ERROR_CUDA;
+    message = e.what();
   } catch (const StateError& e) {
     status = GTP_ERROR_INVALID_STATE;
     message = e.what();
@@ -325,8 +328,15 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 // the gtp_remat group's stream_priority.
 void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
                 const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
+  cudaStream_t side = nullptr;
   try {
     ctx.streams = std::make_unique<gtp::comm::StreamPool>(device);
+    const int priority = stream_priority(profile.group(kDenseGroup).stream_priority, ctx.streams->priority_range());
+    side = ctx.streams->get(kDenseGroup, gtp::comm::StreamRole::kAllGatherForward, priority);
+  } catch (const std::runtime_error& e) {  // the stream pool reports CUDA failures as comm::CommError
+    throw StatusError(GTP_ERROR_CUDA, "creating the side stream on device " + std::to_string(device) + ": " + e.what());
+  }
+  try {
     ctx.nccl_world = std::make_unique<gtp::comm::NcclComm>(gtp::comm::NcclComm::create_world(*ctx.bootstrap, timeout));
     const char* names[] = {kDenseGroup, kExpertGroup};
     std::vector<gtp::comm::NcclComm*> groups;
@@ -340,11 +350,9 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
       ctx.nccl_groups.push_back(std::make_unique<gtp::comm::NcclComm>(ctx.nccl_world->split(families[f], config, timeout)));
       groups.push_back(ctx.nccl_groups.back().get());
     }
-    const int priority = stream_priority(profile.group(kDenseGroup).stream_priority, ctx.streams->priority_range());
-    const cudaStream_t side = ctx.streams->get(kDenseGroup, gtp::comm::StreamRole::kAllGatherForward, priority);
     ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, timeout, side);
   } catch (const gtp::comm::CommError&) {
-    throw;  // NCCL or bootstrap: TIMEOUT or SYSTEM
+    throw;  // NCCL init or the bootstrap: TIMEOUT or SYSTEM
   } catch (const std::runtime_error& e) {
     throw StatusError(GTP_ERROR_CUDA, std::string("setting up the CUDA backend on device ") + std::to_string(device) +
                                           ": " + e.what());

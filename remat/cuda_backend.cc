@@ -10,7 +10,20 @@ namespace gtp::remat {
 namespace {
 
 void check(cudaError_t error, const char* what) {
-  if (error != cudaSuccess) throw std::runtime_error(std::string(what) + " failed: " + cudaGetErrorString(error));
+  if (error != cudaSuccess) throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(error));
+}
+
+// The kernels report launch failures as std::runtime_error with CUDA's message; bad arguments stay
+// std::invalid_argument.
+template <typename Launch>
+void launch(const char* what, Launch&& body) {
+  try {
+    body();
+  } catch (const CudaError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw CudaError(std::string(what) + ": " + e.what());
+  }
 }
 
 cudaStream_t on(Stream stream) { return static_cast<cudaStream_t>(stream); }
@@ -64,26 +77,26 @@ void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
   if (result == ncclInProgress) {
     comm.wait_enqueued(timeout_);
   } else if (result != ncclSuccess) {
-    throw std::runtime_error(std::string(what) + " failed: " + ncclGetErrorString(static_cast<ncclResult_t>(result)));
+    throw CudaError(std::string(what) + " failed: " + ncclGetErrorString(static_cast<ncclResult_t>(result)));
   }
 }
 
 void CudaBackend::amax(Stream stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols, float* out) {
-  kernels::amax_cuda(shard, dtype, rows, cols, out, on(stream));
+  launch("amax_cuda", [&] { kernels::amax_cuda(shard, dtype, rows, cols, out, on(stream)); });
 }
 
 void CudaBackend::pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) {
-  kernels::pack_cuda(spec, args, on(stream));
+  launch("pack_cuda", [&] { kernels::pack_cuda(spec, args, on(stream)); });
 }
 
 void CudaBackend::unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
                          std::int64_t out_capacity) {
-  kernels::unpack_cuda(spec, in, out_bf16, out_capacity, on(stream));
+  launch("unpack_cuda", [&] { kernels::unpack_cuda(spec, in, out_bf16, out_capacity, on(stream)); });
 }
 
 void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                               const kernels::GemmOutputs& out) {
-  kernels::unpack_gemm_cuda(spec, in, out, on(stream));
+  launch("unpack_gemm_cuda", [&] { kernels::unpack_gemm_cuda(spec, in, out, on(stream)); });
 }
 
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
@@ -104,7 +117,9 @@ void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* sen
            "ncclReduceScatter(avg)");
 }
 
-void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) { add_fp32_cuda(src, dst, count, on(stream)); }
+void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) {
+  launch("add_fp32_cuda", [&] { add_fp32_cuda(src, dst, count, on(stream)); });
+}
 
 void CudaBackend::fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) {
   check(cudaMemsetAsync(dst, byte, static_cast<std::size_t>(bytes), on(stream)), "cudaMemsetAsync");

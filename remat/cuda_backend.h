@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <optional>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -25,12 +26,20 @@ struct CudaStreamPriorities {
   std::optional<int> reduce_scatter;
 };
 
+// A CUDA call, kernel launch or NCCL enqueue of the CudaBackend failed (device memory exhausted, an
+// invalid pointer, a sticky device error): the C ABI reports it as GTP_ERROR_CUDA. NCCL timeouts and
+// asynchronous communicator errors stay comm::CommError.
+class CudaError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class CudaBackend : public Backend {
  public:
   // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
   // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
-  // Throws std::invalid_argument for an empty list or an invalid communicator, std::runtime_error
-  // when CUDA fails.
+  // Throws std::invalid_argument for an empty list or an invalid communicator, CudaError when CUDA
+  // fails (here and in every call).
   CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
               CudaStreamPriorities priorities = {});
   ~CudaBackend() override;

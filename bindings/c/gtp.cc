@@ -1,5 +1,6 @@
-// The C ABI of include/gtp/gtp.h over remat::Runtime on the host backend. Every entry point catches
-// everything and maps it to a gtp_status_t; see docs/c-abi.md.
+// The C ABI of include/gtp/gtp.h over remat::Runtime on the host backend (HostComm per grid group)
+// or the CUDA backend (NCCL communicators split per grid group). Every entry point catches everything
+// and maps it to a gtp_status_t; see docs/c-abi.md.
 #include "gtp/gtp.h"
 
 #include <algorithm>
@@ -16,13 +17,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cuda_runtime_api.h>
+
 #include "comm/callback_bootstrap.h"
 #include "comm/errors.h"
+#include "comm/group_bootstrap.h"
 #include "comm/host.h"
+#include "comm/nccl.h"
+#include "comm/streams.h"
 #include "comm/ucx_bootstrap.h"
+#include "remat/cuda_backend.h"
 #include "remat/host_backend.h"
 #include "remat/runtime.h"
 #include "topology/arithmetic.h"
+#include "topology/grid.h"
 #include "topology/profile.h"
 
 namespace {
@@ -53,12 +61,17 @@ struct gtp_context {
   bool aborted = false;
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
+  gtp::kernels::WireFormat group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
   gtp_grad_ready_fn grad_ready = nullptr;
   void* grad_ready_user_data = nullptr;
-  // Destroyed bottom-up: the runtime before its backend, communicators and bootstrap.
+  // Destroyed bottom-up: the runtime before its backend, the backend before its communicators and
+  // streams, the communicators before the bootstraps they were built over.
   std::unique_ptr<gtp::comm::Bootstrap> bootstrap;
-  std::unique_ptr<gtp::comm::HostComm> comm;
-  std::unique_ptr<gtp::remat::HostBackend> backend;
+  std::vector<std::unique_ptr<gtp::comm::GroupBootstrap>> group_bootstraps;  // host: one per grid group
+  std::vector<std::unique_ptr<gtp::comm::HostComm>> host_comms;               // host: one per distinct group
+  std::unique_ptr<gtp::comm::NcclComm> nccl_world;                            // cuda
+  std::vector<std::unique_ptr<gtp::comm::NcclComm>> nccl_groups;              // cuda: one per distinct group
+  std::unique_ptr<gtp::remat::Backend> backend;
   std::unique_ptr<gtp::remat::Runtime> runtime;
 };
 
@@ -79,6 +92,9 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
     body();
   } catch (const StatusError& e) {
     status = e.status;
+    message = e.what();
+  } catch (const gtp::remat::CudaError& e) {
+    status = GTP_ERROR_CUDA;
     message = e.what();
   } catch (const StateError& e) {
     status = GTP_ERROR_INVALID_STATE;
@@ -210,22 +226,177 @@ void check_struct_size(size_t given, size_t expected, const char* type) {
                                  std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
 }
 
-gtp::topology::ParallelSizes sizes_for(const gtp_context_config_t& config, int world_size) {
+// The profile (or, without one, TP = 1 and G = EG = world size with default group settings).
+gtp::topology::Profile profile_for(const gtp_context_config_t& config, int world_size) {
   require(config.profile_json == nullptr || config.profile_path == nullptr,
           "both profile_json and profile_path are set; give at most one");
   if (config.profile_json == nullptr && config.profile_path == nullptr) {
-    gtp::topology::ParallelConfig parallel;
+    gtp::topology::Profile profile;
+    gtp::topology::ParallelConfig& parallel = profile.parallel;
     parallel.world_size = world_size;
     parallel.tensor_parallel_num_weight_shards = world_size;
     parallel.expert_tensor_parallel_num_weight_shards = world_size;
-    return gtp::topology::derive_sizes(parallel);
+    profile.sizes = gtp::topology::derive_sizes(parallel);
+    return profile;
   }
-  const gtp::topology::Profile profile =
+  gtp::topology::Profile profile =
       config.profile_json != nullptr ? gtp::topology::parse_profile(nlohmann::json::parse(config.profile_json), ".")
                                      : gtp::topology::load_profile(config.profile_path);
   require(profile.sizes.world_size == world_size, "the profile's world_size is " + std::to_string(profile.sizes.world_size) +
                                                       " but the bootstrap has " + std::to_string(world_size) + " ranks");
-  return profile.sizes;
+  return profile;
+}
+
+constexpr const char* kDenseGroup = "gtp_remat";
+constexpr const char* kExpertGroup = "expt_gtp_remat";
+
+// The grid's groups the runtime gathers over, indexed by gtp_group_t (gtp_remat, expt_gtp_remat),
+// each as every group of its family (lists of world ranks). With EG = 1 every expert group is one rank.
+std::vector<std::vector<std::vector<int>>> remat_groups(const gtp::topology::ParallelSizes& sizes) {
+  const gtp::topology::HyperCommGrid grid = gtp::topology::make_gtp_grid(sizes);
+  return {grid.rank_enum({kDenseGroup}).to_lists(),
+          grid.rank_enum({kExpertGroup}, gtp::topology::kExpertView).to_lists()};
+}
+
+const std::vector<int>& group_containing(const std::vector<std::vector<int>>& family, int rank) {
+  for (const std::vector<int>& group : family) {
+    if (std::find(group.begin(), group.end(), rank) != group.end()) return group;
+  }
+  throw std::logic_error("rank " + std::to_string(rank) + " is in no group of its grid family");
+}
+
+gtp::kernels::WireFormat wire_of(gtp::topology::WireFormat format) {
+  switch (format) {
+    case gtp::topology::WireFormat::kBf16: return gtp::kernels::WireFormat::kBF16;
+    case gtp::topology::WireFormat::kFp8: return gtp::kernels::WireFormat::kFP8;
+    case gtp::topology::WireFormat::kMxfp8: return gtp::kernels::WireFormat::kMXFP8;
+    case gtp::topology::WireFormat::kNvfp4: return gtp::kernels::WireFormat::kNVFP4;
+  }
+  throw std::logic_error("unknown topology::WireFormat");
+}
+
+// Precedence (docs/c-abi.md): a config value other than GTP_FROM_PROFILE wins; GTP_FROM_PROFILE takes
+// the profile's gtp_remat group setting, and expt_gtp_remat's when the profile mentions that group. The
+// runtime prefetches one chain at one depth and has one cache, so those groups must agree on the depth,
+// and the budget is the sum of their budgets (0, no limit, if any is 0).
+int depth_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+  if (config.prefetch_depth != GTP_FROM_PROFILE) {
+    require(config.prefetch_depth >= 0 && config.prefetch_depth <= gtp::remat::kMaxDepth,
+            "prefetch_depth is " + std::to_string(config.prefetch_depth) + "; give 0.." +
+                std::to_string(gtp::remat::kMaxDepth) + " or GTP_FROM_PROFILE");
+    return config.prefetch_depth;
+  }
+  const int dense = profile.group(kDenseGroup).prefetch_depth;
+  if (profile.groups.count(kExpertGroup) != 0) {
+    const int expert = profile.group(kExpertGroup).prefetch_depth;
+    require(expert == dense, "/groups/expt_gtp_remat/prefetch_depth is " + std::to_string(expert) +
+                                 " but /groups/gtp_remat/prefetch_depth is " + std::to_string(dense) +
+                                 ": the runtime prefetches one chain at one depth; set both to the same value "
+                                 "(or set gtp_context_config_t.prefetch_depth)");
+  }
+  return dense;
+}
+
+std::int64_t budget_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+  if (config.memory_budget_bytes != GTP_FROM_PROFILE) {
+    require(config.memory_budget_bytes >= 0, "memory_budget_bytes is " + std::to_string(config.memory_budget_bytes) +
+                                                 "; give 0 (no limit), a byte count or GTP_FROM_PROFILE");
+    return config.memory_budget_bytes;
+  }
+  const std::int64_t dense = profile.group(kDenseGroup).memory_budget_bytes;
+  if (profile.groups.count(kExpertGroup) == 0) return dense;
+  const std::int64_t expert = profile.group(kExpertGroup).memory_budget_bytes;
+  return dense == 0 || expert == 0 ? 0 : dense + expert;
+}
+
+// Priority classes of the profile onto the device's range (a lower number runs first).
+int stream_priority(const std::string& name, const gtp::comm::StreamPriorityRange& range) {
+  if (name == "high") return range.greatest;
+  if (name == "low") return range.least;
+  return range.least + (range.greatest - range.least) / 2;  // "normal": the middle, rounded toward least
+}
+
+gtp::comm::NcclGroupConfig nccl_config(const gtp::topology::GroupSettings& settings, const char* name) {
+  gtp::comm::NcclGroupConfig config;
+  config.cga_cluster_size = settings.nccl.cga_cluster_size;
+  config.min_ctas = settings.nccl.min_ctas;
+  config.max_ctas = settings.nccl.max_ctas;
+  config.net_name = settings.nccl.net_name;
+  config.comm_name = name;
+  return config;
+}
+
+// The device current on the calling thread, or GTP_ERROR_CUDA saying why there is none.
+int current_device() {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error == cudaSuccess && count == 0) {
+    throw StatusError(GTP_ERROR_CUDA, "GTP_BACKEND_CUDA needs a CUDA device but none is present; use GTP_BACKEND_HOST");
+  }
+  int device = -1;
+  if (error == cudaSuccess) error = cudaGetDevice(&device);
+  if (error != cudaSuccess) {
+    throw StatusError(GTP_ERROR_CUDA, std::string("GTP_BACKEND_CUDA needs a CUDA device and driver, but CUDA reports: ") +
+                                          cudaGetErrorString(error) + "; use GTP_BACKEND_HOST on machines without GPUs");
+  }
+  return device;
+}
+
+// Host backend: one HostComm per distinct grid group family (a family equal to an earlier one shares
+// its communicator), each over a GroupBootstrap of the world bootstrap. Every rank builds the same
+// families in the same order, as GroupBootstrap requires.
+void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>>>& families,
+                std::chrono::milliseconds timeout) {
+  std::vector<gtp::comm::HostComm*> groups;
+  for (std::size_t f = 0; f < families.size(); ++f) {
+    const auto same = std::find(families.begin(), families.begin() + f, families[f]);
+    if (same != families.begin() + f) {
+      groups.push_back(groups[same - families.begin()]);
+      continue;
+    }
+    ctx.group_bootstraps.push_back(
+        std::make_unique<gtp::comm::GroupBootstrap>(*ctx.bootstrap, group_containing(families[f], ctx.rank)));
+    ctx.host_comms.push_back(std::make_unique<gtp::comm::HostComm>(*ctx.group_bootstraps.back(), timeout));
+    groups.push_back(ctx.host_comms.back().get());
+  }
+  ctx.backend = std::make_unique<gtp::remat::HostBackend>(groups);
+}
+
+// CUDA backend: a world NcclComm over the bootstrap, split once per distinct group family with that
+// group's nccl settings, and one CudaBackend over them whose side streams (gather and reduce-scatter
+// per group) run at the gtp_remat group's stream_priority.
+void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
+                const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
+  gtp::remat::CudaStreamPriorities priorities;
+  try {
+    const int priority = stream_priority(profile.group(kDenseGroup).stream_priority,
+                                         gtp::comm::stream_priority_range(device));
+    priorities.gather = priority;
+    priorities.reduce_scatter = priority;
+  } catch (const std::runtime_error& e) {  // the comm layer reports CUDA failures as comm::CommError
+    throw StatusError(GTP_ERROR_CUDA, "reading the stream priorities of device " + std::to_string(device) + ": " + e.what());
+  }
+  try {
+    ctx.nccl_world = std::make_unique<gtp::comm::NcclComm>(gtp::comm::NcclComm::create_world(*ctx.bootstrap, timeout));
+    const char* names[] = {kDenseGroup, kExpertGroup};
+    std::vector<gtp::comm::NcclComm*> groups;
+    for (std::size_t f = 0; f < families.size(); ++f) {
+      const auto same = std::find(families.begin(), families.begin() + f, families[f]);
+      if (same != families.begin() + f) {
+        groups.push_back(groups[same - families.begin()]);
+        continue;
+      }
+      const gtp::comm::NcclGroupConfig config = nccl_config(profile.group(names[f]), names[f]);
+      ctx.nccl_groups.push_back(std::make_unique<gtp::comm::NcclComm>(ctx.nccl_world->split(families[f], config, timeout)));
+      groups.push_back(ctx.nccl_groups.back().get());
+    }
+    ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, timeout, priorities);
+  } catch (const gtp::comm::CommError&) {
+    throw;  // NCCL init or the bootstrap: TIMEOUT or SYSTEM
+  } catch (const std::runtime_error& e) {
+    throw StatusError(GTP_ERROR_CUDA, std::string("setting up the CUDA backend on device ") + std::to_string(device) +
+                                          ": " + e.what());
+  }
 }
 
 void create(const gtp_context_config_t* config, gtp_context_t** out) {
@@ -241,10 +412,10 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
   }
   require(config->timeout_ms > 0, "timeout_ms is " + std::to_string(config->timeout_ms) + "; give a positive timeout");
   const int backend = as_int(config->backend), bootstrap = as_int(config->bootstrap);
-  if (backend == GTP_BACKEND_CUDA) {
-    throw StatusError(GTP_ERROR_CUDA, "the CUDA backend is not available through this libgtp build; use GTP_BACKEND_HOST");
-  }
-  require(backend == GTP_BACKEND_HOST, "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST");
+  require(backend == GTP_BACKEND_HOST || backend == GTP_BACKEND_CUDA,
+          "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST or GTP_BACKEND_CUDA");
+  // Before any collective: a rank without a device fails here instead of stalling its peers' NCCL init.
+  const int device = backend == GTP_BACKEND_CUDA ? current_device() : -1;
   const std::chrono::milliseconds timeout(config->timeout_ms);
 
   auto ctx = std::make_unique<gtp_context>();
@@ -257,23 +428,25 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
     ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(gtp::comm::UcxBootstrapConfig::from_env());
   }
   ctx->rank = ctx->bootstrap->rank();
-  ctx->sizes = sizes_for(*config, ctx->bootstrap->world_size());
+  const gtp::topology::Profile profile = profile_for(*config, ctx->bootstrap->world_size());
+  ctx->sizes = profile.sizes;
   const gtp::topology::ParallelSizes& s = ctx->sizes;
-  require(s.tp == 1 && s.gtp_remat == s.world_size,
-          "the host backend runs one weight-remat group spanning the world (TP=1, G=world_size), but the sizes are TP=" +
-              std::to_string(s.tp) + ", G=" + std::to_string(s.gtp_remat) + ", world_size=" + std::to_string(s.world_size) +
-              "; sub-group splitting is not supported on the host backend yet");
-
-  ctx->comm = std::make_unique<gtp::comm::HostComm>(*ctx->bootstrap, timeout);
-  std::vector<gtp::comm::HostComm*> groups = {ctx->comm.get()};
-  if (s.expt_gtp_remat == s.world_size) groups.push_back(ctx->comm.get());  // GTP_GROUP_EXPERT_GTP_REMAT
-  ctx->backend = std::make_unique<gtp::remat::HostBackend>(groups);
+  ctx->group_wire[GTP_GROUP_GTP_REMAT] = wire_of(profile.group(kDenseGroup).wire_format);
+  ctx->group_wire[GTP_GROUP_EXPERT_GTP_REMAT] = wire_of(profile.group(kExpertGroup).wire_format);
 
   gtp::remat::RuntimeConfig runtime;
-  runtime.depth = config->prefetch_depth;
-  runtime.cache.budget_bytes = config->memory_budget_bytes;
+  runtime.depth = depth_for(*config, profile);
+  runtime.cache.budget_bytes = budget_for(*config, profile);
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
   runtime.trace_spans = config->trace_spans;
+
+  const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
+  if (backend == GTP_BACKEND_CUDA) {
+    build_cuda(*ctx, device, profile, families, timeout);
+  } else {
+    build_host(*ctx, families, timeout);
+  }
+
   ctx->generation = next_generation.fetch_add(1);
   ctx->grad_ready = config->grad_ready;
   ctx->grad_ready_user_data = config->grad_ready_user_data;
@@ -332,14 +505,22 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
   const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
     ctx->runtime.reset();
     ctx->backend.reset();
-    ctx->comm.reset();
+    ctx->nccl_groups.clear();
+    ctx->nccl_world.reset();
+    ctx->host_comms.clear();
+    ctx->group_bootstraps.clear();
   });
   delete ctx;
   return status;
 }
 
 gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
-  return on_context(ctx, "gtp_context_abort", [&] { ctx->aborted = true; });
+  return on_context(ctx, "gtp_context_abort", [&] {
+    ctx->aborted = true;
+    // Cancels pending NCCL work so that a peer stuck in a collective cannot hang destroy.
+    for (auto& comm : ctx->nccl_groups) comm->abort();
+    if (ctx->nccl_world != nullptr) ctx->nccl_world->abort();
+  });
 }
 
 gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
@@ -367,15 +548,11 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     d.dtype = dtype == GTP_DTYPE_BF16 ? gtp::kernels::SourceDtype::kBF16 : gtp::kernels::SourceDtype::kFP32;
     d.rows = desc->rows;
     d.cols = desc->cols;
-    require(wire >= GTP_WIRE_BF16 && wire <= GTP_WIRE_NVFP4,
-            "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_BF16, _FP8, _MXFP8 or _NVFP4");
-    d.wire.format = static_cast<gtp::kernels::WireFormat>(wire);
+    require(wire >= GTP_WIRE_FROM_GROUP && wire <= GTP_WIRE_NVFP4,
+            "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_FROM_GROUP, _BF16, _FP8, _MXFP8 or _NVFP4");
     require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
             "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
-    require(group == GTP_GROUP_GTP_REMAT || ctx->sizes.expt_gtp_remat == ctx->sizes.world_size,
-            "GTP_GROUP_EXPERT_GTP_REMAT has EG=" + std::to_string(ctx->sizes.expt_gtp_remat) +
-                " ranks but the host backend only runs groups spanning the world (" +
-                std::to_string(ctx->sizes.world_size) + ")");
+    d.wire.format = wire == GTP_WIRE_FROM_GROUP ? ctx->group_wire[group] : static_cast<gtp::kernels::WireFormat>(wire);
     d.group = group;
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);

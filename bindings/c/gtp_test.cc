@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -13,49 +13,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comm/internal/test_util.h"
+#include "bindings/c/internal/test_ranks.h"
 #include "comm/thread_bootstrap.h"
 #include "kernels/reference.h"
 
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
+using gtp::cabi_test::callbacks_for;
+using gtp::cabi_test::kTimeout;
+using gtp::cabi_test::on_ranks;
+
 constexpr int64_t kRows = 40, kCols = 32;  // BF16 shards are 16-row aligned: G=2 -> 32 rows, G=4 -> 16 rows
-
-gtp_bootstrap_result_t run(void* user, const std::function<void(gtp::comm::Bootstrap&)>& body) {
-  try {
-    body(*static_cast<gtp::comm::Bootstrap*>(user));
-    return GTP_BOOTSTRAP_OK;
-  } catch (...) {
-    return GTP_BOOTSTRAP_ERROR;
-  }
-}
-
-gtp_bootstrap_callbacks_t callbacks_for(gtp::comm::Bootstrap& bootstrap) {
-  gtp_bootstrap_callbacks_t c{};
-  c.struct_size = sizeof(c);
-  c.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
-  c.rank = bootstrap.rank();
-  c.world_size = bootstrap.world_size();
-  c.user_data = &bootstrap;
-  c.allgather = [](void* u, const void* send, void* recv, size_t bytes, int64_t) {
-    return run(u, [&](gtp::comm::Bootstrap& b) { b.allgather(send, recv, bytes); });
-  };
-  c.broadcast = [](void* u, void* buffer, size_t bytes, int32_t root, int64_t) {
-    return run(u, [&](gtp::comm::Bootstrap& b) { b.broadcast(buffer, bytes, root); });
-  };
-  c.barrier = [](void* u, int64_t) { return run(u, [](gtp::comm::Bootstrap& b) { b.barrier(); }); };
-  return c;
-}
-
-// Runs body(rank, callbacks) on `world` threads.
-void on_ranks(int world, const std::function<void(int, const gtp_bootstrap_callbacks_t&)>& body) {
-  auto group = gtp::comm::ThreadBootstrap::create_group(world, kTimeout);
-  gtp::comm::internal::rethrow_first(gtp::comm::internal::run_ranks(world, [&](int rank) {
-    const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[rank]);
-    body(rank, callbacks);
-  }));
-}
 
 gtp_context_t* create(const gtp_bootstrap_callbacks_t& callbacks, const char* profile = nullptr, size_t trace = 0,
                       gtp_grad_ready_fn ready = nullptr, void* ready_user = nullptr) {
@@ -71,31 +39,12 @@ gtp_context_t* create(const gtp_bootstrap_callbacks_t& callbacks, const char* pr
   return ctx;
 }
 
-// Expects `status` with a last error of `ctx` (nullptr: the thread's context-free error) containing `text`.
-#define EXPECT_GTP_ERROR(call, expected, ctx, text)                                     \
-  do {                                                                                  \
-    const gtp_status_t status_ = (call);                                                \
-    EXPECT_EQ(status_, expected) << gtp_status_string(status_) << ": " << gtp_last_error(ctx); \
-    EXPECT_NE(std::string(gtp_last_error(ctx)).find(text), std::string::npos) << gtp_last_error(ctx); \
-  } while (0)
-
 uint16_t full_weight(int64_t row, int64_t col) {  // BF16 bits, distinct per element
   return static_cast<uint16_t>(0x3F80 + ((row * kCols + col) % 97));
 }
 
 std::string profile_json(int world, int shards) {
-  nlohmann::json gpu = {{"index", 0}, {"numa_node", 0}};
-  std::vector<nlohmann::json> gpus;
-  for (int i = 0; i < world; ++i) {
-    gpu["index"] = i;
-    gpus.push_back(gpu);
-  }
-  const nlohmann::json doc = {
-      {"schema_version", 1},
-      {"cluster", {{"template", {{"host_count", 1}, {"host", {{"numa_nodes", {{{"os_index", 0}, {"cpuset", "0xff"}}}},
-                                                               {"gpus", gpus}}}}}}},
-      {"parallel", {{"tensor_parallel_num_weight_shards", shards}}}};
-  return doc.dump();
+  return gtp::cabi_test::profile_with(world, {{"tensor_parallel_num_weight_shards", shards}});
 }
 
 struct Ready {
@@ -406,13 +355,11 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.2");
+                   "compiled against gtp.h 0.3");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 10000; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 1.1");
+                   "compiled against gtp.h 1.2");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.timeout_ms = 0; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "timeout_ms");
-  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = GTP_BACKEND_CUDA; }), GTP_ERROR_CUDA, nullptr,
-                   "CUDA backend");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = static_cast<gtp_backend_t>(9); }),
                    GTP_ERROR_INVALID_ARGUMENT, nullptr, "backend 9 is unknown");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.callbacks = nullptr; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
@@ -429,11 +376,13 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
                    GTP_ERROR_INVALID_ARGUMENT, nullptr, "give at most one");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.profile_path = "/nonexistent/profile.json"; }),
                    GTP_ERROR_INVALID_ARGUMENT, nullptr, "profile.json");
-  const std::string four = profile_json(4, 4), split = profile_json(2, 1);
+  const std::string four = profile_json(4, 4);
   EXPECT_GTP_ERROR(attempt([&](gtp_context_config_t& c) { c.profile_json = four.c_str(); }), GTP_ERROR_INVALID_ARGUMENT,
                    nullptr, "world_size is 4 but the bootstrap has 2");
-  EXPECT_GTP_ERROR(attempt([&](gtp_context_config_t& c) { c.profile_json = split.c_str(); }), GTP_ERROR_INVALID_ARGUMENT,
-                   nullptr, "sub-group splitting is not supported");
+  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.prefetch_depth = 65; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "prefetch_depth is 65; give 0..64 or GTP_FROM_PROFILE");
+  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.memory_budget_bytes = -2; }), GTP_ERROR_INVALID_ARGUMENT,
+                   nullptr, "memory_budget_bytes is -2");
   EXPECT_EQ(out, sentinel);
   EXPECT_EQ(gtp_context_destroy(nullptr), GTP_SUCCESS);
   EXPECT_STREQ(gtp_status_string(GTP_ERROR_TIMEOUT), "GTP_ERROR_TIMEOUT");
@@ -490,7 +439,7 @@ TEST(CAbi, NullContextIsAnInvalidArgumentForEveryCall) {
 
 TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
   on_ranks(2, [](int, const gtp_bootstrap_callbacks_t& callbacks) {
-    const std::string profile = profile_json(2, 2);  // G = 2, EG = 1
+    const std::string profile = profile_json(2, 2);  // G = 2
     gtp_context_t* ctx = create(callbacks, profile.c_str());
     ASSERT_NE(ctx, nullptr);
     std::vector<uint16_t> shard(32 * kCols, 0x3F80);
@@ -504,7 +453,7 @@ TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
     const gtp_weight_t untouched{-7, 7};
     gtp_weight_t w = untouched;
 
-    // Registration: null and malformed inputs, unknown enums, the expert group the host backend lacks.
+    // Registration: null and malformed inputs, unknown enums.
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, nullptr, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "desc is NULL");
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, &desc, nullptr), GTP_ERROR_INVALID_ARGUMENT, ctx, "out is NULL");
     gtp_weight_desc_t bad = desc;
@@ -513,8 +462,6 @@ TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
     bad = desc;
     bad.group = static_cast<gtp_group_t>(3);
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "group 3 is unknown");
-    bad.group = GTP_GROUP_EXPERT_GTP_REMAT;
-    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "EG=1");
     bad = desc;
     bad.wire = static_cast<gtp_wire_t>(9);
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "wire 9 is unknown");

@@ -16,14 +16,14 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 1
+#define GTP_VERSION_MINOR 2
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
 
 /* CUDA users: include cuda_runtime_api.h before this header. */
 #ifndef __CUDA_RUNTIME_API_H__
-typedef struct CUstream_st* cudaStream_t; /* NULL on the host backend */
+typedef struct CUstream_st* cudaStream_t; /* NULL on the host backend, a real stream on the CUDA backend */
 #endif
 
 typedef enum {
@@ -43,7 +43,13 @@ const char* gtp_status_string(gtp_status_t status);
 typedef struct gtp_context gtp_context_t;
 
 typedef enum { GTP_BOOTSTRAP_CALLBACKS = 0, GTP_BOOTSTRAP_UCX_FROM_ENV = 1 } gtp_bootstrap_kind_t;
+/* GTP_BACKEND_CUDA runs on the CUDA device current on the thread that calls gtp_context_create
+ * (cudaSetDevice first; CUDA's default is device 0). */
 typedef enum { GTP_BACKEND_HOST = 0, GTP_BACKEND_CUDA = 1 } gtp_backend_t;
+
+/* prefetch_depth / memory_budget_bytes: take the value of the profile's group settings (or their
+ * defaults without a profile). */
+#define GTP_FROM_PROFILE (-1)
 
 /* A registered weight: its id and the generation of the context that issued it. */
 typedef struct {
@@ -63,8 +69,8 @@ typedef struct {
   gtp_backend_t backend;
   const char* profile_json;            /* profile text, or NULL */
   const char* profile_path;            /* profile file, or NULL; at most one of the two */
-  int32_t prefetch_depth;              /* chain entries gathered ahead, 0..64 */
-  int64_t memory_budget_bytes;         /* cache budget, 0: unlimited */
+  int32_t prefetch_depth;              /* chain entries gathered ahead, 0..64, or GTP_FROM_PROFILE */
+  int64_t memory_budget_bytes;         /* cache budget, 0: unlimited, or GTP_FROM_PROFILE */
   int32_t accumulate_microbatches;     /* nonzero: reduce wgrads once per step */
   size_t trace_spans;                  /* spans kept for gtp_trace_json, 0: none */
   gtp_grad_ready_fn grad_ready;        /* optional: called after a weight's main-grad add */
@@ -73,13 +79,14 @@ typedef struct {
 
 #define GTP_CONTEXT_CONFIG_INITIALIZER \
   { sizeof(gtp_context_config_t), GTP_HEADER_VERSION, GTP_BOOTSTRAP_CALLBACKS, NULL, 60000, GTP_BACKEND_HOST, \
-    NULL, NULL, 1, 0, 0, 0, NULL, NULL }
+    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL }
 
 /* Collective over the bootstrap's ranks. */
 gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);
 /* Collective; NULL is accepted. Handles of the context become stale. */
 gtp_status_t gtp_context_destroy(gtp_context_t* ctx);
-/* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE). */
+/* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE); on
+ * the CUDA backend aborts its NCCL communicators, cancelling their pending work. */
 gtp_status_t gtp_context_abort(gtp_context_t* ctx);
 /* The message of the context's latest failure ("" if none); valid until the next call on ctx. */
 const char* gtp_last_error(const gtp_context_t* ctx);
@@ -96,7 +103,14 @@ typedef struct {
 gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out);
 
 typedef enum { GTP_DTYPE_BF16 = 0, GTP_DTYPE_FP32 = 1 } gtp_dtype_t;
-typedef enum { GTP_WIRE_BF16 = 0, GTP_WIRE_FP8 = 1, GTP_WIRE_MXFP8 = 2, GTP_WIRE_NVFP4 = 3 } gtp_wire_t;
+/* GTP_WIRE_FROM_GROUP: the wire_format of the weight's group in the profile (bf16 without one). */
+typedef enum {
+  GTP_WIRE_FROM_GROUP = -1,
+  GTP_WIRE_BF16 = 0,
+  GTP_WIRE_FP8 = 1,
+  GTP_WIRE_MXFP8 = 2,
+  GTP_WIRE_NVFP4 = 3
+} gtp_wire_t;
 typedef enum { GTP_GROUP_GTP_REMAT = 0, GTP_GROUP_EXPERT_GTP_REMAT = 1 } gtp_group_t;
 typedef enum { GTP_PHASE_FORWARD = 0, GTP_PHASE_BACKWARD = 1, GTP_PHASE_RECOMPUTE = 2 } gtp_phase_t;
 /* BF16: the BF16 weight [rows, cols]. GEMM: the GEMM-ready codes, scales, exact transpose and decode
@@ -117,7 +131,7 @@ typedef struct {
 } gtp_weight_desc_t;
 
 #define GTP_WEIGHT_DESC_INITIALIZER \
-  { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_BF16, GTP_GROUP_GTP_REMAT, NULL, NULL }
+  { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_FROM_GROUP, GTP_GROUP_GTP_REMAT, NULL, NULL }
 
 gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out);
 gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w);

@@ -1,0 +1,147 @@
+// The C ABI on grid sub-groups of the host backend, thread ranks over real UCX HostComms: TP x G x DP
+// grids from a profile, each rank gathering its TP slice's weight over its own gtp_remat group (the
+// groups hold different weights, so a rank gathering over the wrong group fails the byte check), main
+// grads against the reduce-scatter computed here, an expert group whose size differs from G, the
+// profile's per-group prefetch depth, memory budget and wire format, and bad profiles.
+#include "gtp/gtp.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bindings/c/internal/grid_training.h"
+#include "bindings/c/internal/test_ranks.h"
+#include "comm/thread_bootstrap.h"
+
+namespace {
+
+using gtp::cabi_test::create;
+using gtp::cabi_test::element;
+using gtp::cabi_test::Grid;
+using gtp::cabi_test::kCols;
+using gtp::cabi_test::kRows;
+using gtp::cabi_test::on_ranks;
+using gtp::cabi_test::profile_with;
+using gtp::cabi_test::stats_of;
+
+void train_on_grid(const Grid& grid) {
+  const std::string profile = gtp::cabi_test::grid_profile(grid);
+  on_ranks(grid.world, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, grid.config_depth);
+    ASSERT_NE(ctx, nullptr);
+    gtp::cabi_test::train_rank(ctx, rank, grid);
+  });
+}
+
+TEST(CAbiGroups, World4Tp2G2) {
+  // Profile depth 2 and budget, but the config's explicit depth 0 wins over the profile's.
+  train_on_grid({4, 2, 2, 1, {{"gtp_remat", {{"prefetch_depth", 2}, {"memory_budget", "1MiB"}}}}, 0, 0, 1 << 20});
+}
+
+TEST(CAbiGroups, World8Tp2G2Dp2TakesTheProfilesGroupSettings) {
+  train_on_grid({8, 2, 2, 2, {{"gtp_remat", {{"prefetch_depth", 2}, {"memory_budget", "1MiB"}}}}, GTP_FROM_PROFILE, 2,
+                 1 << 20});
+}
+
+TEST(CAbiGroups, WithoutGroupSettingsTheDefaultsApply) {
+  train_on_grid({4, 1, 2, 2, nullptr, GTP_FROM_PROFILE, 1, 0});
+}
+
+// World 4: TP = 2, G = 2 for dense weights; ETP = 1, EG = 4 for experts. The expert group's wire is FP8
+// from the profile: a FROM_GROUP expert gathers what an explicit FP8 one does, not the BF16 bytes.
+TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
+  const std::string profile = profile_with(
+      4,
+      {{"tensor_model_parallel_size", 2}, {"tensor_parallel_num_weight_shards", 4}, {"expert_tensor_parallel_size", 1},
+       {"expert_tensor_parallel_num_weight_shards", 4}},
+      {{"expt_gtp_remat", {{"wire_format", "fp8"}, {"memory_budget", "2MiB"}}},
+       {"gtp_remat", {{"memory_budget", "1MiB"}}}});
+  on_ranks(4, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
+    ASSERT_EQ(gtp_context_sizes(ctx, &sizes), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(sizes.gtp_remat, 2);
+    EXPECT_EQ(sizes.expert_gtp_remat, 4);
+    // Expert rank in its group: ETP = EP = 1, so the expert group is the world in rank order.
+    const int64_t first = rank * 16;
+    const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(16, kRows - first));
+    std::vector<uint16_t> shard(16 * kCols);
+    for (int64_t r = 0; r < valid; ++r)
+      for (int64_t c = 0; c < kCols; ++c) shard[r * kCols + c] = element(9, 0, first + r, c);
+    const gtp_wire_t wires[3] = {GTP_WIRE_BF16, GTP_WIRE_FROM_GROUP, GTP_WIRE_FP8};
+    const char* names[3] = {"expert_bf16", "expert_from_group", "expert_fp8"};
+    gtp_weight_t ws[3];
+    for (int i = 0; i < 3; ++i) {
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      desc.name = names[i];
+      desc.shard = valid > 0 ? shard.data() : nullptr;
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.wire = wires[i];
+      desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[i]), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptrs[3] = {};
+    size_t count = 0;
+    ASSERT_EQ(gtp_materialize(ctx, ws, 3, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 3, &count, nullptr), GTP_SUCCESS)
+        << gtp_last_error(ctx);
+    ASSERT_EQ(count, 3u);
+    const auto* bf16 = static_cast<const uint16_t*>(ptrs[0]);
+    const auto* from_group = static_cast<const uint16_t*>(ptrs[1]);
+    const auto* fp8 = static_cast<const uint16_t*>(ptrs[2]);
+    bool lossy = false;
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      ASSERT_EQ(bf16[i], element(9, 0, i / kCols, i % kCols)) << i;
+      ASSERT_EQ(from_group[i], fp8[i]) << i;
+      lossy = lossy || fp8[i] != bf16[i];
+    }
+    EXPECT_TRUE(lossy) << "FP8 reproduced every BF16 value: the test weight does not tell the wires apart";
+    ASSERT_EQ(gtp_release(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+
+    const nlohmann::json stats = stats_of(ctx);
+    // Both groups mentioned: the shared cache's budget is the sum of theirs.
+    EXPECT_EQ(stats.at("cache").at("budget_bytes").get<int64_t>(), 3 << 20) << stats;
+    const nlohmann::json& weights = stats.at("weights");
+    ASSERT_EQ(weights.size(), 3u);
+    EXPECT_EQ(weights[1].at("gathered_bytes"), weights[2].at("gathered_bytes")) << stats;
+    EXPECT_LT(weights[2].at("gathered_bytes").get<int64_t>(), weights[0].at("gathered_bytes").get<int64_t>()) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
+// Profile errors are found before any collective, so one rank of a 2-rank bootstrap suffices.
+TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
+  auto group = gtp::comm::ThreadBootstrap::create_group(2, gtp::cabi_test::kTimeout);
+  const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);
+  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2}};
+  const std::string depths = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 2}}},
+                                                        {"expt_gtp_remat", {{"prefetch_depth", 3}}}});
+  const std::string wire = profile_with(2, parallel, {{"gtp_remat", {{"wire_format", "fp16"}}}});
+  const std::string key = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_dept", 2}}}});
+  const std::string budget = profile_with(2, parallel, {{"gtp_remat", {{"memory_budget", "lots"}}}});
+  const std::string shards = profile_with(2, {{"tensor_model_parallel_size", 2}, {"tensor_parallel_num_weight_shards", 3}});
+  gtp_context_t* out = nullptr;
+  auto attempt = [&](const std::string& profile, int32_t depth = GTP_FROM_PROFILE) {
+    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+    config.callbacks = &callbacks;
+    config.profile_json = profile.c_str();
+    config.prefetch_depth = depth;
+    return gtp_context_create(&config, &out);
+  };
+  EXPECT_GTP_ERROR(attempt(depths), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "/groups/expt_gtp_remat/prefetch_depth is 3 but /groups/gtp_remat/prefetch_depth is 2");
+  EXPECT_GTP_ERROR(attempt(wire), GTP_ERROR_INVALID_ARGUMENT, nullptr, "/groups/gtp_remat/wire_format");
+  EXPECT_GTP_ERROR(attempt(key), GTP_ERROR_INVALID_ARGUMENT, nullptr, "did you mean 'prefetch_depth'");
+  EXPECT_GTP_ERROR(attempt(budget), GTP_ERROR_INVALID_ARGUMENT, nullptr, "memory_budget");
+  EXPECT_GTP_ERROR(attempt(shards), GTP_ERROR_INVALID_ARGUMENT, nullptr, "tensor_parallel_num_weight_shards");
+  EXPECT_EQ(out, nullptr);
+}
+
+}  // namespace

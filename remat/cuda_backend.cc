@@ -144,14 +144,9 @@ void CudaBackend::wait(Stream stream, Event id) {
   const Live& entry = live(id);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const unsigned long long capture = capture_id(s);
-  if (capture != 0 && entry.capture != capture) {
-    // Work from before this capture (or from another graph) cannot become a graph edge.
-    if (entry.capture == 0 && cudaEventQuery(entry.event) != cudaSuccess) {
-      throw std::invalid_argument("CUDA graph capture began while libgtp work enqueued before it was still running; "
-                                  "synchronize the device (or the stream passed to drain) before cudaStreamBeginCapture");
-    }
-    return;
-  }
+  // Work from before this capture (or from another graph) cannot become a graph edge; the caller
+  // synchronizes before capture begins (docs/remat.md); nothing is queried while capturing.
+  if (capture != 0 && entry.capture != capture) return;
   // Recorded by a finished capture: its replays are ordered by their launch stream. (While that capture
   // is active, the wait below is what forks this stream into it.)
   if (capture == 0 && entry.capture != 0 && capture_id(entry.stream) != entry.capture) return;

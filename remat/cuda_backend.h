@@ -51,9 +51,9 @@ class CudaBackend : public Backend {
   Event record(Stream stream) override;
   void wait(Stream stream, Event event) override;
   // Inside a capture, a wait on an event recorded before the capture began is dropped (that work must
-  // be complete when capture begins: synchronize first; std::invalid_argument if it is not), and so
-  // is a wait on an event recorded by an earlier, finished capture (its graph's replays are ordered by
-  // the launch stream; synchronize before going back to eager calls). See docs/remat.md.
+  // be complete when capture begins: synchronize first), and so is a wait on an event recorded by an
+  // earlier, finished capture (its graph's replays are ordered by their launch stream: synchronize it
+  // before going back to eager calls). See docs/remat.md, CUDA graphs.
   void forget(Event event) override;
   bool capturing(Stream stream) override;
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Correctness on the GPU machine, logged to $OUT: kernel tests, compute-sanitizer memcheck and
-# racecheck, and the comm GPU tests. Prints one summary line per step.
+# racecheck, the comm GPU tests, then the remat runtime's GPU tests (cuda_backend_test, cuda_graph_test
+# and the C ABI's CUDA test when built) plain and under memcheck, racecheck and synccheck. Prints one
+# summary line per step. Steps whose binary is not in .carry/bin are skipped, saying so.
 set -uo pipefail
 source bench/gpu_env.sh
 bin=.carry/bin
@@ -16,3 +18,10 @@ step memcheck env GTP_KERNEL_TEST_QUICK=1 compute-sanitizer --tool memcheck --er
 step racecheck env GTP_KERNEL_TEST_QUICK=1 compute-sanitizer --tool racecheck --error-exitcode 9 $bin/cuda_kernels_test --gtest_brief=1 --gtest_filter='CudaKernels.PackAndUnpack*'
 step nccl_test $bin/nccl_test --gtest_brief=1
 step streams_test $bin/streams_test --gtest_brief=1
+for t in cuda_backend_test cuda_graph_test gtp_cuda_test; do
+  if [ ! -x "$bin/$t" ]; then echo "== $t: not in $bin, skipped"; continue; fi
+  step "$t" $bin/$t --gtest_brief=1
+  for tool in memcheck racecheck synccheck; do
+    step "${t}_$tool" compute-sanitizer --tool $tool --error-exitcode 9 $bin/$t --gtest_brief=1
+  done
+done

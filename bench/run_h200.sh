@@ -4,7 +4,9 @@
 # tests and collective benchmark (bench/collectives/run_gpu.sh), then the overlap benchmark
 # (gtp-overlap-bench). Binaries come prebuilt (bazel build -c opt) in .carry/bin; results go to
 # $OUT. Set GTP_COMMIT to record the commit.
-#   bench/run_h200.sh [kernels|comm|topology|overlap|all]     (default all)
+#   bench/run_h200.sh [kernels|comm|topology|remat|overlap|all]     (default all)
+# remat: the runtime's host overhead per weight on the CUDA backend (cuda_overhead_bench; it needs
+# libbenchmark.so.1debian, carried in .carry/lib) -> $OUT/remat_overhead_gpu.json.
 set -uo pipefail
 what=${1:-all}
 bin=.carry/bin
@@ -32,6 +34,12 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
   $bin/gtp-kernel-bench --json "$out/kernel_bench.json" 2>&1
   echo "== torch.compile peer"
   PYTHONUNBUFFERED=1 python3 bench/peers/torch_quant_peer.py --json "$out/torch_peer.json" 2>&1 | grep -v Warning
+fi
+if [ "$what" = remat ] || [ "$what" = all ]; then
+  echo "== remat host overhead on the CUDA backend"
+  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/cuda_overhead_bench \
+    --benchmark_out="$out/remat_overhead_gpu.json" --benchmark_out_format=json \
+    --benchmark_context=commit="${GTP_COMMIT:-unknown}" 2>&1
 fi
 if [ "$what" = comm ] || [ "$what" = all ]; then
   GTP_BIN=$bin bash bench/collectives/run_gpu.sh

@@ -87,6 +87,9 @@ class Backend {
   virtual Event record(Stream stream) = 0;
   virtual void wait(Stream stream, Event event) = 0;
   virtual void forget(Event event) = 0;
+  // True while `stream` is being captured into a CUDA graph (never on the host backend). The runtime
+  // uses it to fork its side stream into the capture and join it back (docs/remat.md, CUDA graphs).
+  virtual bool capturing(Stream /*stream*/) { return false; }
   // Orders later work on `waiter` after everything enqueued on `producer` so far.
   void order(Stream waiter, Stream producer);
   // Orders later work on `waiter` after everything enqueued so far on every side stream.

@@ -68,6 +68,7 @@ class Cache {
   int take(std::int64_t bytes, bool on_demand, Stream filler);
 
   Slot& slot(int index) { return slots_[index]; }
+  const Slot& slot(int index) const { return slots_[index]; }
   int size() const { return static_cast<int>(slots_.size()); }
   // The prefetched slot for (chain, position), or -1.
   int find_prefetched(int chain, std::int64_t position) const;

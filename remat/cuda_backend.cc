@@ -33,6 +33,9 @@ void run_callback(void* data) {
   (*callback)();
 }
 
+// A captured host node runs on every replay, so its callback is owned by the backend, not by the run.
+void run_graph_callback(void* data) { (*static_cast<std::function<void()>*>(data))(); }
+
 }  // namespace
 
 CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
@@ -55,7 +58,7 @@ CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::c
 }
 
 CudaBackend::~CudaBackend() {
-  for (auto& [id, event] : live_) events_.release(event);
+  for (auto& [id, entry] : live_) events_.release(entry.event);
   for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
 }
 
@@ -126,6 +129,11 @@ void CudaBackend::fill(Stream stream, void* dst, unsigned char byte, std::int64_
 }
 
 void CudaBackend::host_callback(Stream stream, std::function<void()> callback) {
+  if (capturing(stream)) {
+    graph_callbacks_.push_back(std::make_unique<std::function<void()>>(std::move(callback)));
+    check(cudaLaunchHostFunc(on(stream), run_graph_callback, graph_callbacks_.back().get()), "cudaLaunchHostFunc");
+    return;
+  }
   auto* data = new std::function<void()>(std::move(callback));
   const cudaError_t error = cudaLaunchHostFunc(on(stream), run_callback, data);
   if (error != cudaSuccess) {
@@ -134,31 +142,51 @@ void CudaBackend::host_callback(Stream stream, std::function<void()> callback) {
   }
 }
 
-cudaEvent_t CudaBackend::event(Event id) const {
+const CudaBackend::Live& CudaBackend::live(Event id) const {
   const auto found = live_.find(id);
   if (found == live_.end()) throw std::invalid_argument("event " + std::to_string(id) + " is not live");
   return found->second;
 }
 
+unsigned long long CudaBackend::capture_id(cudaStream_t stream) const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  check(cudaStreamGetCaptureInfo(stream, &status, &id), "cudaStreamGetCaptureInfo");
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
+
+bool CudaBackend::capturing(Stream stream) { return capture_id(static_cast<cudaStream_t>(stream)) != 0; }
+
 Event CudaBackend::record(Stream stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const unsigned long long capture = capture_id(s);
   cudaEvent_t e = events_.acquire();
-  const cudaError_t error = cudaEventRecord(e, static_cast<cudaStream_t>(stream));
+  const cudaError_t error = cudaEventRecord(e, s);
   if (error != cudaSuccess) {
     events_.release(e);
     check(error, "cudaEventRecord");
   }
-  live_[++next_] = e;
+  live_[++next_] = Live{e, s, capture};
   return next_;
 }
 
 void CudaBackend::wait(Stream stream, Event id) {
-  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event(id), 0), "cudaStreamWaitEvent");
+  const Live& entry = live(id);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const unsigned long long capture = capture_id(s);
+  // Work from before this capture (or from another graph) cannot become a graph edge; the caller
+  // synchronizes before capture begins (docs/remat.md); nothing is queried while capturing.
+  if (capture != 0 && entry.capture != capture) return;
+  // Recorded by a finished capture: its replays are ordered by their launch stream. (While that capture
+  // is active, the wait below is what forks this stream into it.)
+  if (capture == 0 && entry.capture != 0 && capture_id(entry.stream) != entry.capture) return;
+  check(cudaStreamWaitEvent(s, entry.event, 0), "cudaStreamWaitEvent");
 }
 
 void CudaBackend::forget(Event id) {
   const auto found = live_.find(id);
   if (found == live_.end()) return;
-  events_.release(found->second);
+  events_.release(found->second.event);
   live_.erase(found);
 }
 

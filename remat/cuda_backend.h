@@ -8,6 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
@@ -64,13 +66,19 @@ class CudaBackend : public Backend {
   void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) override;
-  // The callback runs on a CUDA host-function thread and must not call CUDA.
+  // The callback runs on a CUDA host-function thread and must not call CUDA. Captured into a graph,
+  // it runs on every replay; the backend keeps it until destruction.
   void host_callback(Stream stream, std::function<void()> callback) override;
 
   Stream side_stream(int group, Role role) override;
   Event record(Stream stream) override;
   void wait(Stream stream, Event event) override;
+  // Inside a capture, a wait on an event recorded before the capture began is dropped (that work must
+  // be complete when capture begins: synchronize first), and so is a wait on an event recorded by an
+  // earlier, finished capture (its graph's replays are ordered by their launch stream: synchronize it
+  // before going back to eager calls). See docs/remat.md, CUDA graphs.
   void forget(Event event) override;
+  bool capturing(Stream stream) override;
 
  protected:
   void* do_allocate(std::int64_t bytes) override;
@@ -79,7 +87,13 @@ class CudaBackend : public Backend {
  private:
   comm::NcclComm& comm(int group) const;
   void enqueued(comm::NcclComm& comm, int result, const char* what);
-  cudaEvent_t event(Event id) const;
+  struct Live {
+    cudaEvent_t event;
+    cudaStream_t stream;         // where it was recorded
+    unsigned long long capture;  // id of the capture it was recorded in; 0: recorded eagerly
+  };
+  const Live& live(Event id) const;
+  unsigned long long capture_id(cudaStream_t stream) const;
 
   int device_;
   std::vector<comm::NcclComm*> groups_;
@@ -87,7 +101,8 @@ class CudaBackend : public Backend {
   comm::StreamPool streams_;
   std::vector<cudaStream_t> side_;  // [2 * group + role], created in the constructor
   comm::EventPool events_;
-  std::unordered_map<Event, cudaEvent_t> live_;
+  std::unordered_map<Event, Live> live_;
+  std::vector<std::unique_ptr<std::function<void()>>> graph_callbacks_;  // captured host callbacks
   Event next_ = 0;
 };
 

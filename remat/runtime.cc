@@ -185,6 +185,25 @@ void Runtime::refill(int chain) {
   }
 }
 
+void Runtime::join_capture(Stream stream) {
+  if (!backend_.capturing(stream)) return;
+  for (int g = 0; g < backend_.group_count(); ++g) {
+    for (Role role : {Role::kGather, Role::kReduceScatter}) {
+      const Stream side = backend_.side_stream(g, role);
+      if (!backend_.capturing(side)) backend_.order(side, stream);
+    }
+  }
+}
+
+std::vector<std::int64_t> Runtime::boundary() const {
+  std::vector<std::int64_t> out;
+  for (int i = 0; i < cache_.size(); ++i) {
+    const Cache::Slot& s = cache_.slot(i);
+    if (s.state == Cache::State::kPrefetched) out.insert(out.end(), {i, s.chain, s.position});
+  }
+  return out;
+}
+
 std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
                                         Stream stream) {
   std::vector<void*> out;
@@ -206,6 +225,7 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
     }
   }
   const int c = chain_index(phase, chunk);
+  join_capture(stream);
   const Chain::Consume consumed = chains_[c].consume(key);
   int index = consumed.position >= 0 ? cache_.find_prefetched(c, consumed.position) : -1;
   if (index >= 0 && cache_.slot(index).versions != versions(key)) {
@@ -261,23 +281,44 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
                                 " (a double release, or a release without materialize); "
                                 "release exactly the ids passed to materialize, once");
   }
+  join_capture(stream);
   cache_.release(index, backend_.record(stream));
   if (active_chain_ >= 0) refill(active_chain_);
 }
 
+float* Runtime::grad_buffer(WeightId id, Stream stream) {
+  join_capture(stream);
+  return grads_.buffer(id, stream);
+}
+
 void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
+  join_capture(stream);
   grads_.finalize(registry_.expand(ids, n), last_microbatch, stream);
   if (trace_.enabled()) trace_.add("finalize " + registry_.get(ids[0]).desc.name, "grads", start);
 }
 
 void Runtime::drain(Stream stream) {
+  const bool captured = backend_.capturing(stream);
+  join_capture(stream);
   grads_.drain(stream);
   for (Chain& chain : chains_) chain.end_step();
   // The next step's head: the forward chain of chunk 0, prefetched across the step boundary.
   const int head = chain_index(Phase::kForward, 0);
   active_chain_ = head;
   refill(head);
+  std::vector<std::int64_t> now = boundary();
+  if (captured) {
+    // Every fork joins the capturing stream, and each replay must leave the head where the next reads it.
+    backend_.join_all(stream);
+    if (now != boundary_) {
+      throw std::invalid_argument(
+          "drain under CUDA graph capture: the captured step ends with a different set of prefetched slots than "
+          "the step before it began with, so replays would read stale weights; capture a steady-state step (run "
+          "at least two eager steps with the same calls first)");
+    }
+  }
+  boundary_ = std::move(now);
 }
 
 void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {

@@ -87,10 +87,12 @@ class Runtime {
   // Without `layout`, the weights must be held in one layout only (else std::invalid_argument: name it).
   void release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout = std::nullopt);
 
-  float* grad_buffer(WeightId id, Stream stream) { return grads_.buffer(id, stream); }
+  float* grad_buffer(WeightId id, Stream stream);
   void finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream);
   // End-of-backward fence: pending main-grad adds are applied, `stream` is ordered after everything,
-  // and every chain ends its step (the first drain closes recording).
+  // and every chain ends its step (the first drain closes recording). Under CUDA graph capture the
+  // next step's head prefetch is joined into `stream` too, and the step must end with the cache state
+  // it began with (std::invalid_argument otherwise): see docs/remat.md, CUDA graphs.
   void drain(Stream stream);
   // Forgets every chain (in-process model rebuild) and drops prefetched slots.
   void reset_chains();
@@ -114,6 +116,10 @@ class Runtime {
   void fill(int slot, const ChainKey& key, const char* why);
   std::vector<Materialized> outputs(int slot, const ChainKey& key);
   void refill(int chain);
+  // Under CUDA graph capture of `stream`, forks every side stream into the capture (once per capture).
+  void join_capture(Stream stream);
+  // (slot, chain, position) of every prefetched slot: the state a captured step must end in.
+  std::vector<std::int64_t> boundary() const;
 
   Backend& backend_;
   RuntimeConfig config_;
@@ -125,6 +131,7 @@ class Runtime {
   RuntimeStats stats_;
   std::vector<WeightStats> weight_stats_;  // indexed by id
   Trace trace_;
+  std::vector<std::int64_t> boundary_;  // boundary() after the latest drain
 };
 
 }  // namespace gtp::remat

@@ -1,0 +1,107 @@
+// Host overhead of Runtime::materialize + release per weight on the CUDA backend (size-1 NCCL group),
+// prefetch-hit path, tiny BF16 weights: enqueueing is asynchronous, so this is the host cost of the
+// bookkeeping plus enqueueing the next prefetch (NCCL all-gather + unpack kernel) and the events.
+// Same shapes and counters as c_abi_overhead_bench. Without a CUDA device it says so and runs nothing.
+//   bench/run_h200.sh remat   (on the GPU machine; JSON to $OUT/remat_overhead_gpu.json)
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include "bench/remat/overhead_model.h"
+#include "comm/thread_bootstrap.h"
+#include "kernels/cuda_kernels.h"
+#include "remat/cuda_backend.h"
+#include "remat/runtime.h"
+
+namespace gtp::bench::remat {
+namespace {
+
+using gtp::remat::CudaBackend;
+using gtp::remat::Layout;
+using gtp::remat::Phase;
+using gtp::remat::Runtime;
+using gtp::remat::RuntimeConfig;
+using gtp::remat::WeightDesc;
+using gtp::remat::WeightId;
+using std::chrono::milliseconds;
+
+void BM_CudaMaterializeRelease(benchmark::State& state) {
+  const int per_call = static_cast<int>(state.range(0));
+  const int depth = static_cast<int>(state.range(1));
+  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  CudaBackend backend(0, {&nccl}, milliseconds(30000));
+  RuntimeConfig config;
+  config.depth = depth;
+  Runtime runtime(backend, config);
+  cudaStream_t stream = nullptr;
+  if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) throw std::runtime_error("stream");
+  void* shard = nullptr;
+  if (cudaMalloc(&shard, kRows * kCols * 2) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+  cudaMemset(shard, 0, kRows * kCols * 2);
+  std::vector<WeightId> ids;
+  for (int i = 0; i < kCallsPerStep * per_call; ++i) {
+    WeightDesc desc;
+    desc.name = "w" + std::to_string(i);
+    desc.shard = shard;
+    desc.rows = kRows;
+    desc.cols = kCols;
+    ids.push_back(runtime.register_weight(desc));
+  }
+  runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+  const auto step = [&] {
+    for (int c = 0; c < kCallsPerStep; ++c) {
+      const WeightId* ws = ids.data() + static_cast<std::size_t>(c) * per_call;
+      benchmark::DoNotOptimize(runtime.materialize(ws, per_call, Phase::kForward, 0, Layout::kBF16, stream));
+      runtime.release(ws, per_call, stream);
+    }
+  };
+  for (int s = 0; s < kWarmupSteps; ++s) {
+    step();
+    runtime.drain(stream);
+  }
+  cudaStreamSynchronize(stream);
+  const std::int64_t allocations = backend.memory().allocations;
+  const auto warm = runtime.stats();
+  for (auto _ : state) {
+    step();
+    state.PauseTiming();  // the drain, and keeping the device from falling far behind, are not timed
+    runtime.drain(stream);
+    cudaStreamSynchronize(stream);
+    state.ResumeTiming();
+  }
+  const auto end = runtime.stats();
+  state.counters["us_per_weight"] = benchmark::Counter(
+      static_cast<double>(kCallsPerStep) * per_call * 1e-6,
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["hit_fraction"] = static_cast<double>(end.prefetch_hits - warm.prefetch_hits) /
+                                   static_cast<double>(end.materializations - warm.materializations);
+  state.counters["allocations_after_warmup"] = static_cast<double>(backend.memory().allocations - allocations);
+  state.counters["materialized_bytes"] = static_cast<double>(runtime.cache_stats().slot_bytes);
+  state.counters["materialized_bound"] = static_cast<double>((depth + 1) * group_bytes(per_call, 1));
+  cudaFree(shard);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace gtp::bench::remat
+
+int main(int argc, char** argv) {
+  std::string why;
+  if (!gtp::kernels::cuda_device_available(&why)) {
+    std::printf("no CUDA device: %s; nothing to run\n", why.c_str());
+    return 0;
+  }
+  auto* b = benchmark::RegisterBenchmark("BM_CudaMaterializeRelease", gtp::bench::remat::BM_CudaMaterializeRelease);
+  gtp::bench::remat::overhead_args(b);
+  b->ArgNames({"weights", "depth"});
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

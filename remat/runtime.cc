@@ -151,6 +151,10 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
 // Keeps the next `depth` entries of `chain` prefetched. At most `depth` slots are prefetched over all
 // chains: room is made by dropping other chains' prefetches first; the budget may defer the rest.
 void Runtime::refill(int chain) {
+  if (!schedule_recording_ && schedule_in_sync_) {
+    refill_schedule();
+    return;
+  }
   const std::vector<std::int64_t> window = chains_[chain].upcoming(config_.depth);
   int prefetched = 0;
   for (int i = 0; i < cache_.size(); ++i) {
@@ -204,6 +208,57 @@ std::vector<std::int64_t> Runtime::boundary() const {
   return out;
 }
 
+void Runtime::refill_schedule() {
+  const std::int64_t end =
+      std::min<std::int64_t>(schedule_position_ + config_.depth, static_cast<std::int64_t>(schedule_.size()));
+  const auto in_window = [&](int chain, std::int64_t position) {
+    for (std::int64_t i = schedule_position_; i < end; ++i) {
+      if (schedule_[i].first == chain && schedule_[i].second == position) return true;
+    }
+    return false;
+  };
+  for (int i = 0; i < cache_.size(); ++i) {
+    const Cache::Slot& s = cache_.slot(i);
+    if (s.state == Cache::State::kPrefetched && !in_window(s.chain, s.position)) cache_.drop(i);
+  }
+  for (std::int64_t i = schedule_position_; i < end; ++i) {
+    const auto [chain, position] = schedule_[i];
+    if (cache_.find_prefetched(chain, position) >= 0) continue;
+    if (chain >= static_cast<int>(chains_.size()) || chains_[chain].recording() ||
+        position >= chains_[chain].length()) {
+      return;  // the chain was reset since the schedule was recorded
+    }
+    const ChainKey& key = chains_[chain].at(position);
+    if (!std::all_of(key.begin(), key.end(), [&](WeightId id) { return registry_.contains(id); })) return;
+    const int index = cache_.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
+    if (index < 0) return;  // the budget: retried on the next consume or release
+    fill(index, key, "prefetch");
+    Cache::Slot& slot = cache_.slot(index);
+    slot.state = Cache::State::kPrefetched;
+    slot.chain = chain;
+    slot.position = position;
+    ++stats_.prefetches;
+  }
+}
+
+void Runtime::follow_schedule(int chain, std::int64_t position) {
+  if (schedule_recording_) {
+    schedule_.emplace_back(chain, position);
+    return;
+  }
+  const std::pair<int, std::int64_t> entry(chain, position);
+  const auto size = static_cast<std::int64_t>(schedule_.size());
+  if (position >= 0 && schedule_position_ < size && schedule_[schedule_position_] == entry) {
+    ++schedule_position_;
+    schedule_in_sync_ = true;
+    return;
+  }
+  ++schedule_mismatches_;
+  const auto later = position < 0 ? schedule_.end() : std::find(schedule_.begin() + schedule_position_, schedule_.end(), entry);
+  schedule_in_sync_ = later != schedule_.end();
+  if (schedule_in_sync_) schedule_position_ = (later - schedule_.begin()) + 1;
+}
+
 std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
                                         Stream stream) {
   std::vector<void*> out;
@@ -226,7 +281,9 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   }
   const int c = chain_index(phase, chunk);
   join_capture(stream);
+  const bool recording = chains_[c].recording();
   const Chain::Consume consumed = chains_[c].consume(key);
+  follow_schedule(c, recording ? chains_[c].length() - 1 : consumed.position);
   int index = consumed.position >= 0 ? cache_.find_prefetched(c, consumed.position) : -1;
   if (index >= 0 && cache_.slot(index).versions != versions(key)) {
     cache_.drop(index);  // shard_updated re-gathers prefetched slots, so this is only a safety net
@@ -303,7 +360,14 @@ void Runtime::drain(Stream stream) {
   join_capture(stream);
   grads_.drain(stream);
   for (Chain& chain : chains_) chain.end_step();
-  // The next step's head: the forward chain of chunk 0, prefetched across the step boundary.
+  if (schedule_recording_ && !schedule_.empty()) schedule_recording_ = false;
+  if (!schedule_recording_ && schedule_position_ != 0 && schedule_position_ != static_cast<std::int64_t>(schedule_.size())) {
+    ++schedule_mismatches_;  // the step ended inside the schedule
+  }
+  schedule_position_ = 0;
+  schedule_in_sync_ = true;
+  // The next step's head, prefetched across the step boundary: the schedule's first entries (the
+  // forward chain of chunk 0 while no schedule is recorded).
   const int head = chain_index(Phase::kForward, 0);
   active_chain_ = head;
   refill(head);
@@ -361,6 +425,10 @@ void Runtime::unregister_weight(WeightId id) {
 
 void Runtime::reset_chains() {
   for (Chain& chain : chains_) chain.reset();
+  schedule_.clear();
+  schedule_recording_ = true;
+  schedule_position_ = 0;
+  schedule_in_sync_ = false;
   cache_.drop_all_prefetched();
   active_chain_ = -1;
 }
@@ -372,6 +440,7 @@ WeightStats Runtime::weight_stats(WeightId id) const {
 
 RuntimeStats Runtime::stats() const {
   RuntimeStats out = stats_;
+  out.schedule_mismatches = schedule_mismatches_;
   for (const Chain& chain : chains_) {
     out.chain_mismatches += chain.mismatches();
     if (!chain.last_mismatch().empty()) out.last_mismatch = chain.last_mismatch();
@@ -390,7 +459,8 @@ std::string Runtime::stats_json() const {
   j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits},
                       {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
                       {"stale_prefetches", s.stale_prefetches}};
-  j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch}};
+  j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch},
+                 {"schedule_entries", schedule_.size()}, {"schedule_mismatches", s.schedule_mismatches}};
   j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_bytes", config_.cache.budget_bytes},
                 {"budget_waits", c.budget_waits}, {"evictions", c.evictions},
                 {"dropped_prefetches", c.dropped_prefetches}};

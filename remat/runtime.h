@@ -57,6 +57,7 @@ struct RuntimeStats {
   std::int64_t stale_prefetches = 0;    // prefetched weights re-packed before use: dropped, re-gathered
   std::int64_t chain_mismatches = 0;    // over all chains
   std::string last_mismatch;
+  std::int64_t schedule_mismatches = 0;  // consumes that left the recorded cross-chain schedule
 };
 
 class Runtime {
@@ -116,6 +117,10 @@ class Runtime {
   void fill(int slot, const ChainKey& key, const char* why);
   std::vector<Materialized> outputs(int slot, const ChainKey& key);
   void refill(int chain);
+  // Prefetches the next `depth` entries of the recorded step schedule, over all chains.
+  void refill_schedule();
+  // Follows a consume of (chain, position) through the step schedule (recording on the first step).
+  void follow_schedule(int chain, std::int64_t position);
   // Under CUDA graph capture of `stream`, forks every side stream into the capture (once per capture).
   void join_capture(Stream stream);
   // (slot, chain, position) of every prefetched slot: the state a captured step must end in.
@@ -128,6 +133,15 @@ class Runtime {
   Grads grads_;
   std::vector<Chain> chains_;       // index = chunk * 3 + phase
   int active_chain_ = -1;           // the chain of the latest materialize, refilled on release
+  // The step schedule: every consume of the first step as (chain, position), in call order, so that
+  // prefetch looks ahead across chain switches (forward -> backward of a microbatch, recompute,
+  // VPP chunks) instead of only along the active chain. Verified like a chain; while a step follows
+  // it (`schedule_in_sync_`) the prefetch window is its next `depth` entries, else the active chain's.
+  std::vector<std::pair<int, std::int64_t>> schedule_;
+  bool schedule_recording_ = true;
+  std::int64_t schedule_position_ = 0;
+  bool schedule_in_sync_ = false;
+  std::int64_t schedule_mismatches_ = 0;
   RuntimeStats stats_;
   std::vector<WeightStats> weight_stats_;  // indexed by id
   Trace trace_;

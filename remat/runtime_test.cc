@@ -291,6 +291,62 @@ TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
   });
 }
 
+// The step schedule looks ahead across chains: after the recording step, forward -> backward switches
+// of every microbatch, recompute and VPP chunks are all prefetch hits. A step that leaves the schedule
+// (one microbatch fewer) is counted and still served correctly, and the schedule resyncs.
+TEST(Runtime, StepScheduleLooksAheadAcrossChainsAndResyncsAfterADeparture) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 1;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const std::vector<WeightId> ids = register_model(runtime, comm, shards);
+    auto use = [&](int layer, Phase phase, int chunk) {
+      const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
+      expect_layer(out[0], layer);
+      runtime.release(&ids[layer], 1, nullptr);
+    };
+    auto microbatch = [&] {  // chunk 0: layers 0, 1; chunk 1: layer 2, recomputed
+      use(0, Phase::kForward, 0);
+      use(1, Phase::kForward, 0);
+      use(2, Phase::kForward, 1);
+      use(2, Phase::kRecompute, 1);
+      use(2, Phase::kBackward, 1);
+      use(1, Phase::kBackward, 0);
+      use(0, Phase::kBackward, 0);
+    };
+    auto step = [&](int microbatches) {
+      for (int m = 0; m < microbatches; ++m) microbatch();
+      runtime.drain(nullptr);
+    };
+    step(2);  // records
+    const RuntimeStats recorded = runtime.stats();
+    EXPECT_EQ(recorded.exposed_gathers, 14);
+    step(2);
+    step(2);
+    RuntimeStats s = runtime.stats();
+    EXPECT_EQ(s.exposed_gathers, recorded.exposed_gathers) << "every chain switch was prefetched";
+    EXPECT_EQ(s.prefetch_hits, 28);
+    EXPECT_EQ(s.schedule_mismatches, 0);
+    EXPECT_EQ(s.chain_mismatches, 0);
+    const nlohmann::json j = nlohmann::json::parse(runtime.stats_json());
+    EXPECT_EQ(j["chains"]["schedule_entries"], 14);
+
+    step(1);  // one microbatch: each chain and the schedule end early
+    s = runtime.stats();
+    EXPECT_EQ(s.schedule_mismatches, 1);
+    EXPECT_GT(s.chain_mismatches, 0);
+    EXPECT_EQ(s.exposed_gathers, recorded.exposed_gathers) << "the departure is at the step's end";
+    const std::int64_t hits = s.prefetch_hits;
+    step(2);  // back on the schedule from the step's head
+    s = runtime.stats();
+    EXPECT_EQ(s.schedule_mismatches, 1);
+    EXPECT_EQ(s.prefetch_hits, hits + 14);
+  });
+}
+
 TEST(Runtime, StatsJsonAndChromeTraceDescribeWhatHappened) {
   on_ranks(2, [](comm::HostComm& comm) {
     HostBackend backend({&comm});

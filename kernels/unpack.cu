@@ -70,30 +70,6 @@ __device__ __forceinline__ void nvfp4_decode16_bf16(uint2 codes, float block_sca
   out[1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-// Stores one lane's 16 BF16 outputs (32 bytes, group `item`). Where the partner lane (lane ^ 1)
-// holds the neighbouring group, the pair swaps halves first so that each store instruction writes
-// whole 32-byte sectors (the even group's, then the odd group's) instead of half of every sector
-// it touches, which doubled the L2 write traffic (v7). `paired` must be equal on both lanes of a
-// pair: with a team of two or more lanes, lane ^ 1 holds item ^ 1 of the same row, and both
-// lanes of a pair see (item | 1) < n alike; the shuffle names exactly those two lanes.
-__device__ __forceinline__ void store_group_pair(uint4* out_row, int64_t item, bool paired,
-                                                 const uint4 (&group)[2]) {
-  if (!paired) {
-    out_row[2 * item] = group[0];
-    out_row[2 * item + 1] = group[1];
-    return;
-  }
-  const bool odd = item & 1;
-  const uint4 send = odd ? group[0] : group[1];
-  const unsigned lanes = 3u << (threadIdx.x & 30u);
-  const uint4 received = make_uint4(
-      __shfl_xor_sync(lanes, send.x, 1), __shfl_xor_sync(lanes, send.y, 1),
-      __shfl_xor_sync(lanes, send.z, 1), __shfl_xor_sync(lanes, send.w, 1));
-  const int64_t even_item = item & ~int64_t{1};
-  out_row[2 * even_item + odd] = odd ? received : group[0];
-  out_row[2 * (even_item + 1) + odd] = odd ? group[1] : received;
-}
-
 // Each thread decodes kUnroll groups of output elements of a row per step, with all their
 // loads issued first. FP8 and MXFP8 groups are 8 elements: a group's BF16 outputs are one 16-byte
 // store and neighbouring lanes take neighbouring groups, so each warp store instruction writes
@@ -190,10 +166,20 @@ __global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* da
 
 // FP8 GEMM layout without the transpose: the chunks' code rows copied 16 bytes a thread.
 __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* data) {
+  constexpr int kUnroll = 4;  // loads first, several in flight per thread
+  const int64_t n = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint4* src = reinterpret_cast<const uint4*>(in.chunk_of(r) + (r % in.shard_rows) * in.cols);
     uint4* dst = reinterpret_cast<uint4*>(data + r * in.cols);
-    for (int64_t j = lane; j < grid.items_per_row; j += team) dst[j] = __ldg(src + j);
+    for (int64_t first = lane; first < n; first += team * kUnroll) {
+      uint4 codes[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (first + u * team < n) codes[u] = __ldg(src + first + u * team);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (first + u * team < n) dst[first + u * team] = codes[u];
+    }
   });
 }
 
@@ -231,20 +217,39 @@ __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data,
   });
 }
 
-// NVFP4 GEMM layout, 1D blocks or 2D without transpose: a thread per 16-element block.
+// NVFP4 GEMM layout, 1D blocks or 2D without transpose: a thread copies the 8 code bytes (and the
+// scale) of kUnroll 16-element blocks per step, loads first, so that several loads are in flight
+// per thread (one 8-byte load at a time left the copy at ~45 % of the copy line).
 __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d, uint8_t* data,
                                          uint8_t* scales) {
+  constexpr int kUnroll = 4;
   const int64_t per_row = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
-    for (int64_t j = lane; j < per_row; j += team) {
-      reinterpret_cast<uint2*>(data)[r * per_row + j] =
-          __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2 + j * 8));
-      if (!blocks_2d) {
-        scales[r * per_row + j] = __ldg(chunk + in.scales_offset + local * per_row + j);
-      } else if (r % 16 == 0) {
-        scales[(r / 16) * per_row + j] = __ldg(chunk + in.scales_offset + (local / 16) * per_row + j);
+    const uint2* src = reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2);
+    uint2* dst = reinterpret_cast<uint2*>(data) + r * per_row;
+    // 2D blocks: the first row of each 16-row band carries the band's scales.
+    const bool scale_row = !blocks_2d || r % 16 == 0;
+    const uint8_t* src_scales =
+        chunk + in.scales_offset + (blocks_2d ? (local / 16) : local) * per_row;
+    uint8_t* dst_scales = scales + (blocks_2d ? r / 16 : r) * per_row;
+    for (int64_t first = lane; first < per_row; first += team * kUnroll) {
+      uint2 codes[kUnroll];
+      uint8_t scale[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = first + u * team;
+        if (j >= per_row) break;
+        codes[u] = __ldg(src + j);
+        if (scale_row) scale[u] = __ldg(src_scales + j);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t j = first + u * team;
+        if (j >= per_row) break;
+        dst[j] = codes[u];
+        if (scale_row) dst_scales[j] = scale[u];
       }
     }
   });
@@ -356,7 +361,7 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
       return;  // refused by validate_unpack_gemm
     case WireFormat::kFP8: {
       if (data_t == nullptr) {
-        const RowGrid grid = row_grid(rows, l.cols / 16);
+        const RowGrid grid = row_grid(rows, l.cols / 16, 4);
         unpack_fp8_gemm_rows_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data);
         check_launch("unpack_fp8_gemm_rows_kernel");
         break;
@@ -380,7 +385,7 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
             c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {
-        const RowGrid grid = row_grid(rows, l.cols / 16);
+        const RowGrid grid = row_grid(rows, l.cols / 16, 4);
         unpack_nvfp4_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
             c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales);
         check_launch("unpack_nvfp4_gemm_kernel");

@@ -206,4 +206,29 @@ __device__ __forceinline__ float e2m1_value(uint32_t code) {
   return __uint_as_float(magnitude | ((code & 0x8u) << 28));
 }
 
+// Stores one lane's 32 output bytes (group `item`: out_row[2 * item], out_row[2 * item + 1]).
+// Where the partner lane (lane ^ 1) holds the neighbouring group, the pair swaps halves first so
+// that each store instruction writes whole 32-byte sectors (the even group's, then the odd group's)
+// instead of half of every sector it touches, which doubled the L2 write traffic (perf-notes v7,
+// v11). `paired` must be equal on both lanes of a pair: with a team of two or more lanes, lane ^ 1
+// holds item ^ 1 of the same row, and both lanes of a pair see (item | 1) < n alike; the shuffle
+// names exactly those two lanes.
+__device__ __forceinline__ void store_group_pair(uint4* out_row, int64_t item, bool paired,
+                                                 const uint4 (&group)[2]) {
+  if (!paired) {
+    out_row[2 * item] = group[0];
+    out_row[2 * item + 1] = group[1];
+    return;
+  }
+  const bool odd = item & 1;
+  const uint4 send = odd ? group[0] : group[1];
+  const unsigned lanes = 3u << (threadIdx.x & 30u);
+  const uint4 received = make_uint4(
+      __shfl_xor_sync(lanes, send.x, 1), __shfl_xor_sync(lanes, send.y, 1),
+      __shfl_xor_sync(lanes, send.z, 1), __shfl_xor_sync(lanes, send.w, 1));
+  const int64_t even_item = item & ~int64_t{1};
+  out_row[2 * even_item + odd] = odd ? received : group[0];
+  out_row[2 * (even_item + 1) + odd] = odd ? group[1] : received;
+}
+
 }  // namespace gtp::kernels::device

@@ -382,3 +382,18 @@ def float32_to_bf16_bits(values):
     rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
     return np.where(nan, ((v >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def ring_mean(contributions, shard_rows):
+    """The host backend's reduce-scatter mean, in its summation order, over full-size FP32 arrays (one
+    per rank, rows padded to G x shard_rows): chunk c is summed from rank c+1 around the ring to rank c,
+    then divided by G. Lets references match libgtp bit for bit."""
+    size = len(contributions)
+    out = np.empty_like(contributions[0], dtype=np.float32)
+    for c in range(size):
+        rows = slice(c * shard_rows, (c + 1) * shard_rows)
+        total = np.array(contributions[(c + 1) % size][rows], dtype=np.float32)
+        for step in range(2, size + 1):
+            total = total + np.asarray(contributions[(c + step) % size][rows], dtype=np.float32)
+        out[rows] = total / np.float32(size)
+    return out

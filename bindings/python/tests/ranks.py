@@ -1,6 +1,7 @@
 """Runs a function on N ranks as N spawned processes sharing a store folder (no launcher needed)."""
 import multiprocessing
 import os
+import pickle
 import sys
 import tempfile
 import traceback
@@ -11,7 +12,8 @@ def _entry(fn, rank, world_size, store_dir, args, results):
     if torch is not None:
         torch.set_num_threads(1)  # the same CPU GEMM path on every run, and fair on a shared machine
     try:
-        results.put((rank, True, fn(rank, world_size, store_dir, *args)))
+        # Plain pickle bytes: a queue would pass tensors by shared memory that dies with this process.
+        results.put((rank, True, pickle.dumps(fn(rank, world_size, store_dir, *args))))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc()))
 
@@ -40,7 +42,7 @@ def run_ranks(fn, world_size, *args, timeout_s=240):
     if failures or len(collected) != world_size:
         missing = sorted(set(range(world_size)) - set(collected))
         raise AssertionError("\n".join(failures) + (f"\nranks {missing} reported nothing" if missing else ""))
-    return [collected[r][1] for r in range(world_size)]
+    return [pickle.loads(collected[r][1]) for r in range(world_size)]
 
 
 def store_path(store_dir):

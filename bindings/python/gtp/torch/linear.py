@@ -47,6 +47,7 @@ class _ShardedLinearFunction(torch.autograd.Function):
             weight.release_group()
         weight.grad_buffer().add_(_wgrad(grad_out, x))
         weight.finalize_group_grads()
+        weight.context.queue_drain()
         return grad_in, None  # the shard's gradient arrives in main_grad, then .grad at drain
 
 

@@ -78,7 +78,6 @@ class ShardedParameter(torch.nn.Parameter):
                     buffer.add_(wgrad)
         self.context.finalize([self.gtp_weight], stream=self.context.stream())
         self.grad_added_to_main_grad = True
-        self.context.queue_drain()
         return None
 
     def register_grad_ready_hook(self, hook):

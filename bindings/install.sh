@@ -13,8 +13,12 @@ case "$prefix" in
   /*) ;;
   *) prefix="${BUILD_WORKING_DIRECTORY:-$PWD}/$prefix" ;;  # bazel run starts in the runfiles folder
 esac
-runfiles="$(cd "$(dirname "$0")/.." && pwd)"  # the workspace root inside the runfiles
-if [ -d "$0.runfiles/__main__" ]; then runfiles="$0.runfiles/__main__"; fi
+# The workspace root inside the runfiles: beside $0 under bazel test, $0.runfiles/WORKSPACE under bazel run.
+runfiles=""
+for candidate in "$(dirname "$0")/.." "$0.runfiles"/* "${RUNFILES_DIR:-/nonexistent}"/*; do
+  if [ -f "$candidate/bindings/gtp.pc.in" ]; then runfiles="$(cd "$candidate" && pwd)"; break; fi
+done
+[ -n "$runfiles" ] || { echo "install.sh: run it with bazel run //:install -- PREFIX" >&2; exit 1; }
 header="$runfiles/bindings/c/include/gtp/gtp.h"
 version="$(sed -n 's/^#define GTP_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$header" | paste -sd.)"
 

@@ -5,6 +5,9 @@ set -euo pipefail
 install_sh="$1" source_c="$2"
 prefix="${TEST_TMPDIR:-$(mktemp -d)}/prefix"
 "$install_sh" "$prefix"
+# shellcheck source=sanitizer_preload.sh
+source "$(dirname "$0")/sanitizer_preload.sh"
+preload_sanitizer_runtime "$prefix/lib/libgtp.so"
 for f in include/gtp/gtp.h include/gtp/comm/bootstrap_callbacks.h lib/libgtp.so lib/pkgconfig/gtp.pc \
          lib/python/gtp/__init__.py lib/python/gtp/torch/linear.py; do
   [ -f "$prefix/$f" ] || { echo "FAIL: $prefix/$f was not installed"; exit 1; }

@@ -12,5 +12,8 @@ if ! "$python" -c "import numpy, pytest" 2>/dev/null; then
 fi
 cd "$(dirname "$0")"  # runfiles copy of bindings/python (the tests import gtp from here)
 export GTP_LIBRARY="$library"
+# shellcheck source=../sanitizer_preload.sh
+source ../sanitizer_preload.sh
+preload_sanitizer_runtime "$library"
 exec "$python" -m pytest -q -p no:cacheprovider tests ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"} \
   -o junit_family=xunit1 -rs

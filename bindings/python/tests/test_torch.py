@@ -164,3 +164,20 @@ def test_cuda_linear_matches_plain_on_one_gpu(tmp_path):
         plain(x).sum().backward()
         torch.cuda.synchronize()
         assert torch.equal(sharded.weight.grad, plain.weight.grad)
+
+
+def test_explicit_drain_accumulates_microbatches_like_autograd(tmp_path):
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    with gt.Context(store, 0, 1, auto_drain=False) as ctx:
+        torch.manual_seed(8)
+        sharded = gt.Linear(IN, OUT, context=ctx, bias=False)
+        torch.manual_seed(8)
+        plain = gt.Linear(IN, OUT, bias=False)
+        for microbatch in range(2):
+            x = torch.randn(3, IN, generator=torch.Generator().manual_seed(microbatch))
+            sharded(x).square().sum().backward()
+            plain(x).square().sum().backward()
+        assert sharded.weight.grad is None, "nothing reaches .grad before drain when auto_drain=False"
+        ctx.drain()
+        assert torch.equal(sharded.weight.grad, plain.weight.grad)
+        assert ctx.stats()["grads"]["reduce_scatters"] == 2

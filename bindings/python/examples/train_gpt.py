@@ -84,7 +84,7 @@ def ordered_mean(tensors):
     return total / len(tensors)
 
 
-def average_gradients(model, world, sharded_wires):
+def average_gradients(model, world):
     """Data-parallel mean of the gradients libgtp does not reduce. GTP off: the Linear weights too,
     in libgtp's reduce-scatter order (so GTP on and off sum alike)."""
     for module in model.modules():
@@ -128,7 +128,7 @@ def train(rank, world, config, wire):
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # the context drains at the end of backward (auto_drain)
-        average_gradients(model, world, wire)
+        average_gradients(model, world)
         optimizer.step()
         gathered = [torch.empty_like(loss) for _ in range(world)]
         torch.distributed.all_gather(gathered, loss.detach())

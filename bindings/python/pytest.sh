@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the Python package's pytest suite against the libgtp.so given as $1, writing JUnit XML where
+# Runs the Python package's pytest suite against the libgtp.so given as $1 (and gtp-launch as $2), writing JUnit XML where
 # Bazel wants it (so tools/test_summary.py counts every case). The interpreter is $GTP_PYTHON (passed
 # by tools/test.sh; .bazelrc forwards it), else python3; it needs numpy, pytest and torch (tools/setup.sh).
 set -euo pipefail
@@ -12,6 +12,7 @@ if ! "$python" -c "import numpy, pytest" 2>/dev/null; then
 fi
 cd "$(dirname "$0")"  # runfiles copy of bindings/python (the tests import gtp from here)
 export GTP_LIBRARY="$library"
+export GTP_LAUNCH="$(readlink -f "$2")"
 # shellcheck source=../sanitizer_preload.sh
 source ../sanitizer_preload.sh
 preload_sanitizer_runtime "$library"

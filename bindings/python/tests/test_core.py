@@ -1,5 +1,6 @@
 """gtp (ctypes + numpy, no framework) over the host backend, 1, 2 and 4 processes."""
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -154,3 +155,23 @@ class BrokenStore:
 def test_store_failure_is_a_system_error_with_the_store_message():
     with pytest.raises(gtp.SystemError, match="store server went away"):
         gtp.Context(BrokenStore(), 0, 2, timeout_s=5)
+
+
+def test_library_discovery_honours_gtp_library_first():
+    import subprocess
+    env = dict(os.environ, GTP_LIBRARY="/nonexistent/libgtp.so")
+    code = "import gtp; gtp.library_path()"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    assert run.returncode != 0 and "/nonexistent/libgtp.so (GTP_LIBRARY)" in run.stderr, run.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("GTP_LAUNCH"), reason="GTP_LAUNCH (the gtp-launch binary) is not set")
+@pytest.mark.parametrize("world", [2, 3])
+def test_ucx_bootstrap_under_gtp_launch(world):
+    import subprocess
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_worker.py")
+    run = subprocess.run([os.environ["GTP_LAUNCH"], "-n", str(world), "--timeout", "120", "--", sys.executable, worker],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("round trip exact") == world, run.stdout

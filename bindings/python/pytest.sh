@@ -4,6 +4,7 @@
 # by tools/test.sh; .bazelrc forwards it), else python3; it needs numpy, pytest and torch (tools/setup.sh).
 set -euo pipefail
 library="$(readlink -f "$1")"
+launcher="$(readlink -f "$2")"
 python="${GTP_PYTHON:-python3}"
 if ! "$python" -c "import numpy, pytest" 2>/dev/null; then
   echo "pytest.sh: $python lacks numpy or pytest: run tools/setup.sh, then tools/test.sh (or set GTP_PYTHON" \
@@ -11,8 +12,7 @@ if ! "$python" -c "import numpy, pytest" 2>/dev/null; then
   exit 1
 fi
 cd "$(dirname "$0")"  # runfiles copy of bindings/python (the tests import gtp from here)
-export GTP_LIBRARY="$library"
-export GTP_LAUNCH="$(readlink -f "$2")"
+export GTP_LIBRARY="$library" GTP_LAUNCH="$launcher"
 # shellcheck source=../sanitizer_preload.sh
 source ../sanitizer_preload.sh
 preload_sanitizer_runtime "$library"

@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 1, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -15,6 +15,9 @@ ERROR_SYSTEM = 4
 ERROR_CUDA = 5
 ERROR_VERSION = 6
 ERROR_INTERNAL = 7
+
+# prefetch_depth / memory_budget_bytes: the profile's group setting (its default without a profile)
+FROM_PROFILE = -1
 
 # gtp_bootstrap_kind_t, gtp_backend_t, gtp_dtype_t, gtp_wire_t, gtp_group_t, gtp_phase_t, gtp_layout_t
 BOOTSTRAP_CALLBACKS, BOOTSTRAP_UCX_FROM_ENV = 0, 1

@@ -105,11 +105,13 @@ class Context:
     store: an object with set/get (see gtp.bootstrap), or None to bootstrap over UCX from the
     environment gtp-launch sets (GTP_RANK, GTP_WORLD_SIZE, GTP_ROOT_ADDR).
     grad_ready: optional callable(weight) run after a weight's main-grad add (inside finalize or drain).
+    prefetch_depth, memory_budget_bytes: None takes the profile's group settings (GTP_FROM_PROFILE).
+    backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
     Use it as a context manager, or call close() (collective) at the end.
     """
 
     def __init__(self, store=None, rank=None, world_size=None, *, backend="host", timeout_s=60.0,
-                 profile_json=None, profile_path=None, prefetch_depth=1, memory_budget_bytes=0,
+                 profile_json=None, profile_path=None, prefetch_depth=None, memory_budget_bytes=None,
                  accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None):
         self._lib = _lib.lib()
         self._handle = None
@@ -133,8 +135,8 @@ class Context:
         config.backend = _choice(BACKENDS, backend, "backend")
         self._profile = [None if p is None else str(p).encode() for p in (profile_json, profile_path)]
         config.profile_json, config.profile_path = self._profile
-        config.prefetch_depth = prefetch_depth
-        config.memory_budget_bytes = memory_budget_bytes
+        config.prefetch_depth = _lib.FROM_PROFILE if prefetch_depth is None else prefetch_depth
+        config.memory_budget_bytes = _lib.FROM_PROFILE if memory_budget_bytes is None else memory_budget_bytes
         config.accumulate_microbatches = 1 if accumulate_microbatches else 0
         config.trace_spans = trace_spans
         # Always installed (kept alive here): it dispatches to self.grad_ready, which may change later.
@@ -208,8 +210,14 @@ class Context:
         return self.sizes.gtp_remat if group == "gtp_remat" else self.sizes.expert_gtp_remat
 
     def group_rank(self, group="gtp_remat"):
-        # The gtp_remat axis comes right after tp in the grid (tp varies fastest).
-        return (self.rank // self.sizes.tp) % self.group_size(group)
+        """This rank's position in its gtp_remat (or expert) group: it decides the rows the rank owns."""
+        if group == "gtp_remat":
+            return (self.rank // self.sizes.tp) % self.sizes.gtp_remat  # the grid: tp fastest, gtp_remat next
+        eg = self.sizes.expert_gtp_remat
+        if eg in (1, self.world_size):
+            return self.rank % eg
+        raise ValueError(f"the expert group's rank for EG={eg} < world size {self.world_size} follows the expert "
+                         "view of the grid (etp, ep, expt_gtp_remat); compute it and use gtp.shard_geometry")
 
     def geometry(self, rows, cols, wire="bf16", group="gtp_remat"):
         return shard_geometry(rows, cols, self.group_size(group), self.group_rank(group), wire)

@@ -59,11 +59,14 @@ class Context(core.Context):
                  **kwargs):
         if store is not None and isinstance(store, torch.distributed.Store):
             store = TorchStore(store)
-        super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
         if backend == "cuda":
             self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+            with torch.cuda.device(self.device):  # libgtp's CUDA backend takes the current device at create
+                super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready,
+                                 **kwargs)
         else:
             self.device = torch.device("cpu")
+            super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
         self.auto_drain = auto_drain
         self._ready = []            # parameters whose main-grad add ran since the last drain
         self._drain_queued = False

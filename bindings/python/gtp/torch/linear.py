@@ -86,9 +86,9 @@ class Linear(torch.nn.Module):
         self.context, self.wire, self.parallel_mode, self.tp_group = context, wire, parallel_mode, tp_group
         tp = context.sizes.tp if context is not None else 1
         tp_rank = context.rank % tp if context is not None else 0  # tp varies fastest in the grid
-        if parallel_mode == "row" and tp > 1 and tp_group is None:
-            raise ValueError("a row-parallel Linear with TP > 1 needs tp_group (a torch.distributed group) to sum "
-                             "its partial outputs")
+        if tp > 1 and tp_group is None:
+            raise ValueError(f"a {parallel_mode}-parallel Linear with TP={tp} needs tp_group (the torch.distributed "
+                             "group of this rank's TP peers) to sum its partial outputs (row) or input grads (column)")
         split = out_features if parallel_mode == "column" else in_features
         if split % tp != 0:
             raise ValueError(f"{parallel_mode}-parallel: {split} features do not divide over TP={tp}")
@@ -123,6 +123,8 @@ class Linear(torch.nn.Module):
 
     def forward(self, x):
         function = _ShardedLinearFunction if self.sharded else _PlainLinearFunction
+        if self.parallel_mode == "column" and self.tp > 1:
+            x = _CopyToTensorParallel.apply(x, self.tp_group)
         out = function.apply(x, self.weight)
         if self.parallel_mode == "row" and self.tp > 1:
             out = _AllReduce.apply(out, self.tp_group)
@@ -170,6 +172,22 @@ class Linear(torch.nn.Module):
         with torch.no_grad():
             self.weight.copy_(value.to(self.weight.dtype))
         self.context.shard_updated([self.weight])  # collective: every rank loads
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity in forward; sums the input gradient over the TP group in backward (every TP rank holds
+    part of a column-parallel layer's dgrad)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class _AllReduce(torch.autograd.Function):

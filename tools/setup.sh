@@ -11,6 +11,7 @@ packages=(
   nlohmann-json3-dev   # profiles and records
   libgtest-dev         # unit tests
   libbenchmark-dev     # microbenchmarks
+  pkg-config           # the install test builds a C program with `pkg-config --cflags --libs gtp`
 )
 
 missing=()
@@ -26,6 +27,21 @@ else
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   echo "setup: installed ${missing[*]}"
+fi
+
+# Python packages for bindings/python (the gtp package, gtp.torch, their pytest suite), installed with
+# pip into the python3 on PATH only when an import fails, so a second run changes nothing.
+python_modules=(numpy pytest torch)
+missing_python=()
+for m in "${python_modules[@]}"; do
+  python3 -c "import $m" >/dev/null 2>&1 || missing_python+=("$m")
+done
+if [ ${#missing_python[@]} -eq 0 ]; then
+  echo "setup: Python packages already installed for $(python3 -c 'import sys; print(sys.executable)'): ${python_modules[*]}"
+else
+  echo "setup: pip installing ${missing_python[*]} (PyPI) for $(python3 -c 'import sys; print(sys.executable)')"
+  python3 -m pip install --quiet "${missing_python[@]}"
+  echo "setup: installed ${missing_python[*]}"
 fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -4,6 +4,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# The interpreter with numpy, pytest and torch (tools/setup.sh) for //bindings/python:python_test and
+# //bindings:install_test; .bazelrc forwards GTP_PYTHON into the tests.
+GTP_PYTHON="$(python3 -c 'import sys; print(sys.executable)')"
+export GTP_PYTHON
+
 bazel test //... "$@"
 status=$?
 

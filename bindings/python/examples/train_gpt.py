@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""A small GPT trained with GTP off, then on (gtp.torch.Linear everywhere, G = world size) with the
+BF16, FP8, MXFP8 and NVFP4 wires. N ranks are N processes started here (multiprocessing + a torch
+FileStore; no torchrun). CPU: host backend + gloo. GPU: the CUDA backend + NCCL, one GPU per rank.
+Prints a JSON summary: losses per run, parity of GTP-on vs GTP-off. See docs/tutorial.md.
+
+Parity: every rank reads its own microbatch (GTP peers are data ranks). The GTP-off run averages
+gradients in the order libgtp's host reduce-scatter sums them (gtp.ring_mean), and both runs compute
+with the BF16 weight, so on CPU the BF16-wire losses are bit-identical to GTP off.
+"""
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import gtp  # noqa: E402
+import gtp.torch as gt  # noqa: E402
+
+# Loss gap to GTP off allowed per wire (max over steps of |loss_on - loss_off| / loss_off). BF16: 0
+# on CPU (bit-identical), a GPU's GEMMs may differ run to run. The quantized wires round the weights
+# (E4M3: 3 mantissa bits; NVFP4: E2M1 per 16-element block), so training takes a slightly different
+# path; the bounds are what this model shows with margin, see docs/tutorial.md.
+LOSS_BOUNDS = {"bf16": 0.0, "fp8": 0.02, "mxfp8": 0.02, "nvfp4": 0.08}
+GPU_BF16_BOUND = 1e-3
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads, linear):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = linear(d, 3 * d), linear(d, d)
+        self.fc1, self.fc2 = linear(d, 4 * d), linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q.matmul(k.transpose(-1, -2)) / math.sqrt(d // self.heads)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        attention = scores.masked_fill(mask, float("-inf")).softmax(-1).matmul(v)
+        x = x + self.proj(attention.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, vocab, d, heads, layers, seq, linear):
+        super().__init__()
+        self.tok, self.pos = torch.nn.Embedding(vocab, d), torch.nn.Embedding(seq, d)
+        self.blocks = torch.nn.ModuleList(Block(d, heads, linear) for _ in range(layers))
+        self.ln, self.head = torch.nn.LayerNorm(d), linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def batch(step, data_index, config, device):
+    """Learnable token streams (arithmetic sequences mod vocab with random start and stride), one
+    microbatch per data rank; the same for GTP off and on."""
+    g = torch.Generator().manual_seed(config["seed"] * 100003 + step * 1009 + data_index)
+    n, t, vocab = config["micro_batch"], config["seq"] + 1, config["vocab"]
+    start = torch.randint(0, vocab, (n, 1), generator=g)
+    stride = torch.randint(1, 5, (n, 1), generator=g)
+    tokens = (start + stride * torch.arange(t)) % vocab
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+
+
+def ordered_mean(tensors):
+    """((x0 + x1) + x2 ...) / G: the same order on every rank and in both runs."""
+    total = tensors[0].clone()
+    for t in tensors[1:]:
+        total += t
+    return total / len(tensors)
+
+
+def average_gradients(model, world):
+    """Data-parallel mean of the gradients libgtp does not reduce. GTP off: the Linear weights too,
+    in libgtp's reduce-scatter order (so GTP on and off sum alike)."""
+    for module in model.modules():
+        params = [p for p in module.parameters(recurse=False) if p.grad is not None]
+        for p in params:
+            if isinstance(p, gt.ShardedParameter):
+                continue  # libgtp reduce-scattered it already
+            gathered = [torch.empty_like(p.grad) for _ in range(world)]
+            torch.distributed.all_gather(gathered, p.grad)
+            if isinstance(module, gt.Linear) and p is module.weight and world > 1:
+                rows, cols = p.shape
+                g = gtp.shard_geometry(rows, cols, world, 0, module.wire)
+                padded = [np.pad(t.cpu().numpy(), ((0, g.padded_rows - rows), (0, 0))) for t in gathered]
+                p.grad.copy_(torch.from_numpy(gtp.ring_mean(padded, g.shard_rows)[:rows]))
+            else:
+                p.grad.copy_(ordered_mean(gathered))
+
+
+def train(rank, world, config, wire):
+    """One run: wire None = GTP off. Returns the losses (mean over data ranks) per step and stats."""
+    device = torch.device(f"cuda:{rank}") if config["backend"] == "cuda" else torch.device("cpu")
+    context = None
+    if wire is not None:
+        context = gt.Context(config["store"], rank, world, backend=config["backend"], device=device,
+                             prefetch_depth=2, timeout_s=120)
+    counter = iter(range(1000))
+
+    def linear(i, o):
+        return gt.Linear(i, o, context=context, wire=wire or "bf16", device=device, name=f"linear{next(counter)}")
+
+    torch.manual_seed(config["seed"])  # the same initial weights for every run
+    model = GPT(config["vocab"], config["d"], config["heads"], config["layers"], config["seq"], linear).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.01)
+    if context is not None:
+        context.attach_optimizer(optimizer)  # re-pack the wire chunks after every step
+    data_index = context.sizes.data_parallel_index if context is not None else rank
+    losses, start = [], time.perf_counter()
+    for step in range(config["steps"]):
+        tokens, targets = batch(step, data_index, config, device)
+        logits = model(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # the context drains at the end of backward (auto_drain)
+        average_gradients(model, world)
+        optimizer.step()
+        gathered = [torch.empty_like(loss) for _ in range(world)]
+        torch.distributed.all_gather(gathered, loss.detach())
+        losses.append(float(ordered_mean(gathered)))
+    seconds = time.perf_counter() - start
+    stats = None
+    if context is not None:
+        s = context.stats()
+        stats = {"materialize": s["materialize"], "grads": s["grads"]}
+        context.close()
+    return {"losses": losses, "seconds_per_step": seconds / config["steps"], "stats": stats}
+
+
+def rank_main(rank, world, store_dir, config):
+    torch.set_num_threads(1)
+    backend = config["backend"]
+    if backend == "cuda":
+        torch.cuda.set_device(rank)
+    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
+    torch.distributed.init_process_group("nccl" if backend == "cuda" else "gloo", store=store, rank=rank,
+                                         world_size=world)
+    config = dict(config, store=store)
+    results = {"off": train(rank, world, config, None)}
+    for wire in config["wires"]:
+        results[wire] = train(rank, world, config, wire)
+    torch.distributed.destroy_process_group()
+    return results
+
+
+def summarize(results, config):
+    off = results["off"]["losses"]
+    runs = {"off": {"first_loss": off[0], "last_loss": off[-1], **results["off"]}}
+    ok = True
+    for wire in config["wires"]:
+        losses = results[wire]["losses"]
+        gap = max(abs(a - b) / abs(b) for a, b in zip(losses, off))
+        bound = LOSS_BOUNDS[wire] if not (wire == "bf16" and config["backend"] == "cuda") else GPU_BF16_BOUND
+        within = gap <= bound
+        ok &= within
+        runs[wire] = {"first_loss": losses[0], "last_loss": losses[-1], "bit_identical_to_off": losses == off,
+                      "max_relative_loss_gap": gap, "bound": bound, "within_bound": within, **results[wire]}
+    summary = {k: v for k, v in config.items() if k != "store"}
+    summary.update({"runs": runs, "parity_ok": ok, "loss_decreased": off[-1] < off[0]})
+    return summary
+
+
+def _entry(rank, world, store_dir, config, queue):
+    try:
+        queue.put((rank, rank_main(rank, world, store_dir, config)))
+    except BaseException as e:  # noqa: BLE001
+        import traceback
+        queue.put((rank, RuntimeError(f"rank {rank}: {e}\n{traceback.format_exc()}")))
+        raise
+
+
+def launch(world, config, timeout_s=1800):
+    """Runs rank_main on `world` processes; returns rank 0's results."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as store_dir:
+        processes = [ctx.Process(target=_entry, args=(r, world, store_dir, config, queue)) for r in range(world)]
+        for p in processes:
+            p.start()
+        results = dict(queue.get(timeout=timeout_s) for _ in range(world))
+        for p in processes:
+            p.join()
+    errors = [v for v in results.values() if isinstance(v, Exception)]
+    if errors:
+        raise errors[0]
+    return results[0]
+
+
+def default_config(**overrides):
+    config = {"seed": 1234, "steps": 50, "vocab": 64, "d": 64, "heads": 4, "layers": 2, "seq": 32, "micro_batch": 4,
+              "lr": 3e-3, "wires": ["bf16", "fp8", "mxfp8", "nvfp4"],
+              "backend": "cuda" if torch.cuda.is_available() else "host"}
+    config.update(overrides)
+    return config
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2, help="processes = G (default 2)")
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--wires", default="bf16,fp8,mxfp8,nvfp4")
+    parser.add_argument("--backend", choices=["host", "cuda"], default=None, help="default: cuda if a GPU is seen")
+    parser.add_argument("--json", help="also write the summary to this file")
+    args = parser.parse_args()
+    overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w]}
+    if args.backend:
+        overrides["backend"] = args.backend
+    config = default_config(**overrides, ranks=args.ranks)
+    summary = summarize(launch(args.ranks, config), config)
+    text = json.dumps(summary, indent=1)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0 if summary["parity_ok"] and summary["loss_decreased"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

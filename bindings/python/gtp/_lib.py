@@ -1,0 +1,156 @@
+"""Finds libgtp.so and declares the C ABI of gtp.h for ctypes. Framework-free (ctypes only)."""
+import ctypes
+import os
+
+# The gtp.h this package was written against; gtp_context_create refuses another major.minor.
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
+HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
+
+# gtp_status_t
+SUCCESS = 0
+ERROR_INVALID_ARGUMENT = 1
+ERROR_INVALID_STATE = 2
+ERROR_TIMEOUT = 3
+ERROR_SYSTEM = 4
+ERROR_CUDA = 5
+ERROR_VERSION = 6
+ERROR_INTERNAL = 7
+
+# prefetch_depth / memory_budget_bytes: the profile's group setting (its default without a profile)
+FROM_PROFILE = -1
+
+# gtp_bootstrap_kind_t, gtp_backend_t, gtp_dtype_t, gtp_wire_t, gtp_group_t, gtp_phase_t, gtp_layout_t
+BOOTSTRAP_CALLBACKS, BOOTSTRAP_UCX_FROM_ENV = 0, 1
+BACKEND_HOST, BACKEND_CUDA = 0, 1
+DTYPE_BF16, DTYPE_FP32 = 0, 1
+WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = 0, 1, 2, 3
+GROUP_GTP_REMAT, GROUP_EXPERT_GTP_REMAT = 0, 1
+PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE = 0, 1, 2
+LAYOUT_BF16 = 0
+
+# gtp_bootstrap_result_t and the vtable version of comm/bootstrap_callbacks.h
+BOOTSTRAP_OK, BOOTSTRAP_ERROR, BOOTSTRAP_TIMEOUT = 0, 1, 2
+BOOTSTRAP_CALLBACKS_VERSION = 1
+
+c_status = ctypes.c_int  # C enums are int-sized
+
+
+class gtp_weight_t(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int64), ("generation", ctypes.c_uint64)]
+
+
+ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_size_t, ctypes.c_int64)
+BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                ctypes.c_int32, ctypes.c_int64)
+BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
+# Returns const char*: declared c_void_p so the callee keeps ownership of a buffer we keep alive.
+LAST_ERROR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+GRAD_READY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, gtp_weight_t)
+
+
+class gtp_bootstrap_callbacks_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("version", ctypes.c_uint32), ("rank", ctypes.c_int32),
+                ("world_size", ctypes.c_int32), ("user_data", ctypes.c_void_p), ("allgather", ALLGATHER_FN),
+                ("broadcast", BROADCAST_FN), ("barrier", BARRIER_FN), ("last_error", LAST_ERROR_FN)]
+
+
+class gtp_context_config_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("header_version", ctypes.c_uint32),
+                ("bootstrap", ctypes.c_int), ("callbacks", ctypes.POINTER(gtp_bootstrap_callbacks_t)),
+                ("timeout_ms", ctypes.c_int64), ("backend", ctypes.c_int), ("profile_json", ctypes.c_char_p),
+                ("profile_path", ctypes.c_char_p), ("prefetch_depth", ctypes.c_int32),
+                ("memory_budget_bytes", ctypes.c_int64), ("accumulate_microbatches", ctypes.c_int32),
+                ("trace_spans", ctypes.c_size_t), ("grad_ready", GRAD_READY_FN),
+                ("grad_ready_user_data", ctypes.c_void_p)]
+
+
+class gtp_sizes_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_int32) for name in (
+        "rank", "world_size", "tp", "gtp_remat", "expert_gtp_remat", "dp", "data_parallel_index",
+        "data_parallel_count")]
+
+
+class gtp_weight_desc_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("shard", ctypes.c_void_p),
+                ("dtype", ctypes.c_int), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("wire", ctypes.c_int),
+                ("group", ctypes.c_int), ("main_grad", ctypes.c_void_p),
+                ("expert_leader", ctypes.POINTER(gtp_weight_t))]
+
+
+def _candidates():
+    """Where libgtp.so is looked for, in order: $GTP_LIBRARY, next to the package, the Bazel output."""
+    env = os.environ.get("GTP_LIBRARY")
+    if env:
+        yield env, "GTP_LIBRARY"
+        return
+    package = os.path.dirname(os.path.abspath(__file__))
+    # In the package, beside it, and PREFIX/lib for the installed layout PREFIX/lib/python/gtp.
+    for folder in (package, os.path.dirname(package), os.path.dirname(os.path.dirname(package))):
+        yield os.path.join(folder, "libgtp.so"), "next to the package"
+    folder = package
+    while True:
+        yield os.path.join(folder, "bazel-bin", "bindings", "c", "libgtp.so"), "Bazel output"
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            break
+        folder = parent
+
+
+def find_library():
+    tried = []
+    for path, how in _candidates():
+        if os.path.isfile(path):
+            return path
+        tried.append(f"{path} ({how})")
+    raise OSError("libgtp.so not found; tried " + ", ".join(tried) +
+                  ". Build it with `bazel build //bindings/c:libgtp.so`, install it with "
+                  "`bazel run //:install -- PREFIX`, or set GTP_LIBRARY to its path")
+
+
+def _declare(lib):
+    P = ctypes.POINTER
+    vp, sz = ctypes.c_void_p, ctypes.c_size_t
+    w = gtp_weight_t
+    signatures = {
+        "gtp_status_string": (ctypes.c_char_p, [c_status]),
+        "gtp_last_error": (ctypes.c_char_p, [vp]),
+        "gtp_context_create": (c_status, [P(gtp_context_config_t), P(vp)]),
+        "gtp_context_destroy": (c_status, [vp]),
+        "gtp_context_abort": (c_status, [vp]),
+        "gtp_context_sizes": (c_status, [vp, P(gtp_sizes_t)]),
+        "gtp_weight_register": (c_status, [vp, P(gtp_weight_desc_t), P(w)]),
+        "gtp_weight_unregister": (c_status, [vp, w]),
+        "gtp_weights_shard_updated": (c_status, [vp, P(w), sz, vp]),
+        "gtp_materialize": (c_status, [vp, P(w), sz, ctypes.c_int, ctypes.c_int32, ctypes.c_int, P(vp), sz, P(sz), vp]),
+        "gtp_release": (c_status, [vp, P(w), sz, vp]),
+        "gtp_grad_buffer": (c_status, [vp, w, P(P(ctypes.c_float)), vp]),
+        "gtp_finalize": (c_status, [vp, P(w), sz, ctypes.c_int32, vp]),
+        "gtp_drain": (c_status, [vp, vp]),
+        "gtp_reset_chains": (c_status, [vp]),
+        "gtp_stats_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),
+        "gtp_trace_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+
+
+_lib = None
+_lib_path = None
+
+
+def lib():
+    """The loaded libgtp (loaded once per process)."""
+    global _lib, _lib_path
+    if _lib is None:
+        path = find_library()
+        loaded = ctypes.CDLL(path)
+        _declare(loaded)
+        _lib, _lib_path = loaded, path
+    return _lib
+
+
+def library_path():
+    lib()
+    return _lib_path

@@ -1,0 +1,407 @@
+"""Context and Weight: the C ABI of gtp.h as Python objects (ctypes + numpy, no framework)."""
+import ctypes
+import itertools
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _lib
+from .bootstrap import KVBootstrap
+from .errors import check
+
+WIRES = {"bf16": _lib.WIRE_BF16, "fp8": _lib.WIRE_FP8, "mxfp8": _lib.WIRE_MXFP8, "nvfp4": _lib.WIRE_NVFP4}
+PHASES = {"forward": _lib.PHASE_FORWARD, "backward": _lib.PHASE_BACKWARD, "recompute": _lib.PHASE_RECOMPUTE}
+GROUPS = {"gtp_remat": _lib.GROUP_GTP_REMAT, "expert_gtp_remat": _lib.GROUP_EXPERT_GTP_REMAT}
+BACKENDS = {"host": _lib.BACKEND_HOST, "cuda": _lib.BACKEND_CUDA}
+DTYPES = {"bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
+
+# Contexts created by this process, numbering their store keys (every rank creates them in one order).
+_context_numbers = itertools.count()
+
+
+def _choice(table, value, what):
+    if value not in table:
+        raise ValueError(f"{what}={value!r} is unknown; use one of {sorted(table)}")
+    return table[value]
+
+
+def _stream(stream):
+    """A cudaStream_t as ctypes wants it: None (NULL, the host backend) or the stream's integer handle."""
+    return None if stream is None else ctypes.c_void_p(int(stream))
+
+
+@dataclass(frozen=True)
+class ShardGeometry:
+    """Where one rank's shard sits in the TP-local weight (the rule of kernels::weight_geometry)."""
+    rows: int          # TP-local rows (out_features / TP)
+    cols: int
+    group_size: int    # G
+    padded_rows: int   # rows rounded up to row_alignment(wire) x G
+    shard_rows: int    # padded_rows / G, the rows every rank holds (padding included)
+    row_start: int     # first global row of this rank's shard
+    valid_rows: int    # rows of this rank's shard that hold weight rows (0: only padding)
+
+
+def row_alignment(wire):
+    return 32 if wire == "mxfp8" else 16
+
+
+def column_multiple(wire):
+    return 32 if wire == "mxfp8" else 16
+
+
+def shard_geometry(rows, cols, group_size, group_rank, wire="bf16"):
+    """Rows [row_start, row_start + valid_rows) of a rows x cols weight are rank `group_rank`'s shard."""
+    _choice(WIRES, wire, "wire")
+    if rows <= 0 or cols <= 0 or group_size <= 0 or not (0 <= group_rank < group_size):
+        raise ValueError(f"rows={rows}, cols={cols}, group_size={group_size}, group_rank={group_rank}: "
+                         "sizes must be positive and 0 <= group_rank < group_size")
+    align = row_alignment(wire) * group_size
+    padded = (rows + align - 1) // align * align
+    shard_rows = padded // group_size
+    start = group_rank * shard_rows
+    valid = max(0, min(shard_rows, rows - start))
+    return ShardGeometry(rows, cols, group_size, padded, shard_rows, start, valid)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    rank: int
+    world_size: int
+    tp: int
+    gtp_remat: int
+    expert_gtp_remat: int
+    dp: int
+    data_parallel_index: int
+    data_parallel_count: int
+
+
+class Weight:
+    """A registered weight. Holds references to the memory it was registered with (shard, main_grad)
+    so it cannot be freed while libgtp points at it."""
+
+    def __init__(self, context, handle, name, rows, cols, wire, group, geometry, keep_alive):
+        self.context, self.handle, self.name = context, handle, name
+        self.rows, self.cols, self.wire, self.group, self.geometry = rows, cols, wire, group, geometry
+        self._keep_alive = keep_alive
+        self.experts = []  # a leader's experts, in registration order (they follow it in materialize)
+        self.user = None  # whatever the caller attaches (gtp.torch puts its parameter here)
+
+    @property
+    def key(self):
+        return (self.handle.id, self.handle.generation)
+
+    def unregister(self):
+        self.context.unregister(self)
+
+    def __repr__(self):
+        return f"gtp.Weight({self.name!r}, {self.rows}x{self.cols}, wire={self.wire}, id={self.handle.id})"
+
+
+class Context:
+    """A libgtp context. Collective: every rank of the bootstrap creates it (same order, same store).
+
+    store: an object with set/get (see gtp.bootstrap), or None to bootstrap over UCX from the
+    environment gtp-launch sets (GTP_RANK, GTP_WORLD_SIZE, GTP_ROOT_ADDR).
+    grad_ready: optional callable(weight) run after a weight's main-grad add (inside finalize or drain).
+    prefetch_depth, memory_budget_bytes: None takes the profile's group settings (GTP_FROM_PROFILE).
+    backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
+    Use it as a context manager, or call close() (collective) at the end.
+    """
+
+    def __init__(self, store=None, rank=None, world_size=None, *, backend="host", timeout_s=60.0,
+                 profile_json=None, profile_path=None, prefetch_depth=None, memory_budget_bytes=None,
+                 accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None):
+        self._lib = _lib.lib()
+        self._handle = None
+        self._weights = {}
+        self._callback_error = None
+        self.grad_ready = grad_ready
+        config = _lib.gtp_context_config_t()
+        config.struct_size = ctypes.sizeof(_lib.gtp_context_config_t)
+        config.header_version = _lib.HEADER_VERSION if header_version is None else header_version
+        number = next(_context_numbers)
+        self._bootstrap = None
+        if store is None:
+            config.bootstrap = _lib.BOOTSTRAP_UCX_FROM_ENV
+        else:
+            if rank is None or world_size is None:
+                raise ValueError("a store needs rank= and world_size= (this process's place among the ranks)")
+            self._bootstrap = KVBootstrap(store, rank, world_size, prefix=f"gtp/context{number}")
+            config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
+            config.callbacks = ctypes.pointer(self._bootstrap.vtable)
+        config.timeout_ms = int(timeout_s * 1000)
+        config.backend = _choice(BACKENDS, backend, "backend")
+        self._profile = [None if p is None else str(p).encode() for p in (profile_json, profile_path)]
+        config.profile_json, config.profile_path = self._profile
+        config.prefetch_depth = _lib.FROM_PROFILE if prefetch_depth is None else prefetch_depth
+        config.memory_budget_bytes = _lib.FROM_PROFILE if memory_budget_bytes is None else memory_budget_bytes
+        config.accumulate_microbatches = 1 if accumulate_microbatches else 0
+        config.trace_spans = trace_spans
+        # Always installed (kept alive here): it dispatches to self.grad_ready, which may change later.
+        self._grad_ready_fn = _lib.GRAD_READY_FN(self._on_grad_ready)
+        config.grad_ready = self._grad_ready_fn
+        self.backend = backend
+        handle = ctypes.c_void_p()
+        check(self._lib.gtp_context_create(ctypes.byref(config), ctypes.byref(handle)), None)
+        self._handle = handle
+        self.sizes = self._sizes()
+
+    # -- lifetime --
+    def close(self):
+        """Destroys the context (collective). Its weights become stale. Safe to call twice."""
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        self._weights.clear()
+        check(self._lib.gtp_context_destroy(handle), None)
+
+    def abort(self):
+        self._call("gtp_context_abort")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    def _ctx(self):
+        if self._handle is None:
+            raise RuntimeError("the gtp.Context is closed; create a new one")
+        return self._handle
+
+    def _call(self, name, *args):
+        self._callback_error = None
+        status = getattr(self._lib, name)(self._ctx(), *args)
+        check(status, self._handle)
+        if self._callback_error is not None:
+            error, self._callback_error = self._callback_error, None
+            raise error
+
+    def _on_grad_ready(self, _user, handle):
+        try:
+            weight = self._weights.get((handle.id, handle.generation))
+            if self.grad_ready is not None and weight is not None:
+                self.grad_ready(weight)
+        except BaseException as e:  # noqa: BLE001 - raised again after the C call returns
+            self._callback_error = e
+
+    # -- queries --
+    def _sizes(self):
+        s = _lib.gtp_sizes_t()
+        s.struct_size = ctypes.sizeof(_lib.gtp_sizes_t)
+        self._call("gtp_context_sizes", ctypes.byref(s))
+        return Sizes(*(getattr(s, f) for f, _ in _lib.gtp_sizes_t._fields_[1:]))
+
+    @property
+    def rank(self):
+        return self.sizes.rank
+
+    @property
+    def world_size(self):
+        return self.sizes.world_size
+
+    def group_size(self, group="gtp_remat"):
+        return self.sizes.gtp_remat if group == "gtp_remat" else self.sizes.expert_gtp_remat
+
+    def group_rank(self, group="gtp_remat"):
+        """This rank's position in its gtp_remat (or expert) group: it decides the rows the rank owns."""
+        if group == "gtp_remat":
+            return (self.rank // self.sizes.tp) % self.sizes.gtp_remat  # the grid: tp fastest, gtp_remat next
+        eg = self.sizes.expert_gtp_remat
+        if eg in (1, self.world_size):
+            return self.rank % eg
+        raise ValueError(f"the expert group's rank for EG={eg} < world size {self.world_size} follows the expert "
+                         "view of the grid (etp, ep, expt_gtp_remat); compute it and use gtp.shard_geometry")
+
+    def geometry(self, rows, cols, wire="bf16", group="gtp_remat"):
+        return shard_geometry(rows, cols, self.group_size(group), self.group_rank(group), wire)
+
+    def _json(self, name):
+        length = ctypes.c_size_t()
+        status = getattr(self._lib, name)(self._ctx(), None, 0, ctypes.byref(length))
+        if status != _lib.ERROR_INVALID_ARGUMENT:  # sizing call: INVALID_ARGUMENT with *len set is expected
+            check(status, self._handle)
+        buf = ctypes.create_string_buffer(length.value + 1)
+        self._call(name, buf, len(buf), ctypes.byref(length))
+        return json.loads(buf.value.decode())
+
+    def stats(self):
+        """The runtime's stats (counters, cache, grads, memory, per weight) as a dict."""
+        return self._json("gtp_stats_json")
+
+    def trace(self):
+        """A Chrome trace (dict) of the last trace_spans spans."""
+        return self._json("gtp_trace_json")
+
+    # -- weights --
+    def register(self, name, shard, rows, cols, *, dtype=None, wire="bf16", group="gtp_remat", main_grad=None,
+                 expert_leader=None):
+        """Registers this rank's shard of a rows x cols weight.
+
+        shard, main_grad: numpy arrays (shard: float32, or uint16 holding BF16 bits; main_grad: float32),
+        C-contiguous, shape (valid_rows, cols) as `geometry()` gives; or integer addresses with `dtype`
+        given (the caller keeps that memory alive). main_grad=None: no gradient for this weight.
+        """
+        geometry = self.geometry(rows, cols, wire, group)
+        keep = []
+        if isinstance(shard, np.ndarray):
+            kinds = {np.dtype(np.float32): "fp32", np.dtype(np.uint16): "bf16"}
+            if shard.dtype not in kinds:
+                raise ValueError(f"shard dtype {shard.dtype} is not float32 or uint16 (BF16 bits)")
+            if dtype is not None and dtype != kinds[shard.dtype]:
+                raise ValueError(f"dtype={dtype!r} but the shard array holds {kinds[shard.dtype]}")
+            dtype = kinds[shard.dtype]
+            self._check_array(shard, (geometry.valid_rows, cols), "shard", geometry)
+            keep.append(shard)
+            shard_ptr = shard.ctypes.data if geometry.valid_rows > 0 else None
+        else:
+            if dtype is None:
+                raise ValueError("dtype= ('bf16' or 'fp32') is needed when shard is an address")
+            shard_ptr = shard
+        if isinstance(main_grad, np.ndarray):
+            if main_grad.dtype != np.float32:
+                raise ValueError(f"main_grad dtype {main_grad.dtype} is not float32")
+            self._check_array(main_grad, (geometry.valid_rows, cols), "main_grad", geometry)
+            keep.append(main_grad)
+            grad_ptr = main_grad.ctypes.data if geometry.valid_rows > 0 else None
+        else:
+            grad_ptr = main_grad
+        desc = _lib.gtp_weight_desc_t()
+        desc.struct_size = ctypes.sizeof(_lib.gtp_weight_desc_t)
+        encoded = name.encode()
+        keep.append(encoded)
+        desc.name = encoded
+        desc.shard = shard_ptr
+        desc.dtype = _choice(DTYPES, dtype, "dtype")
+        desc.rows, desc.cols = rows, cols
+        desc.wire = _choice(WIRES, wire, "wire")
+        desc.group = _choice(GROUPS, group, "group")
+        desc.main_grad = grad_ptr
+        leader = None
+        if expert_leader is not None:
+            leader = _lib.gtp_weight_t(expert_leader.handle.id, expert_leader.handle.generation)
+            desc.expert_leader = ctypes.pointer(leader)
+        handle = _lib.gtp_weight_t()
+        self._call("gtp_weight_register", ctypes.byref(desc), ctypes.byref(handle))
+        weight = Weight(self, handle, name, rows, cols, wire, group, geometry, keep)
+        self._weights[weight.key] = weight
+        if expert_leader is not None:
+            expert_leader.experts.append(weight)
+        return weight
+
+    @staticmethod
+    def _check_array(array, shape, what, geometry):
+        if tuple(array.shape) != shape or not array.flags.c_contiguous:
+            raise ValueError(f"{what} has shape {tuple(array.shape)} (contiguous: {array.flags.c_contiguous}) but this "
+                             f"rank's shard is {shape}: rows [{geometry.row_start}, "
+                             f"{geometry.row_start + geometry.valid_rows}) of the weight; take it from geometry()")
+
+    def unregister(self, weight):
+        self._call("gtp_weight_unregister", weight.handle)
+        self._weights.pop(weight.key, None)
+        for leader in self._weights.values():
+            if weight in leader.experts:
+                leader.experts.remove(weight)
+
+    @staticmethod
+    def _handles(weights):
+        weights = list(weights)
+        array = (_lib.gtp_weight_t * len(weights))(*[w.handle for w in weights])
+        return array, len(weights)
+
+    def shard_updated(self, weights, stream=None):
+        """Collective re-pack after the optimizer changed the shards (and once before the first materialize)."""
+        handles, n = self._handles(weights)
+        self._call("gtp_weights_shard_updated", handles, n, _stream(stream))
+
+    def materialize(self, weights, phase="forward", model_chunk=0, stream=None):
+        """Collective. Addresses of the full BF16 rows x cols weights (experts after their leader), valid
+        until the matching release() (and, on CUDA, for work ordered on `stream` before it)."""
+        handles, n = self._handles(weights)
+        capacity = sum(1 + len(w.experts) for w in weights)
+        ptrs = (ctypes.c_void_p * capacity)()
+        count = ctypes.c_size_t()
+        self._call("gtp_materialize", handles, n, _choice(PHASES, phase, "phase"), model_chunk, _lib.LAYOUT_BF16, ptrs,
+                   capacity, ctypes.byref(count), _stream(stream))
+        return [ptrs[i] for i in range(count.value)]
+
+    def materialize_arrays(self, weights, phase="forward", model_chunk=0):
+        """Host backend: the materialized weights as numpy uint16 arrays of BF16 bits, shape (rows, cols),
+        without a copy. They alias libgtp's cache: read them before release(), never after."""
+        weights = list(weights)
+        ptrs = self.materialize(weights, phase, model_chunk)
+        shapes = [(w.rows, w.cols) for w in weights]
+        if len(ptrs) != len(shapes):  # an expert group: every member has the leader's shape
+            shapes = [shapes[0]] * len(ptrs)
+        return [host_array(p, s, np.uint16) for p, s in zip(ptrs, shapes)]
+
+    def release(self, weights, stream=None):
+        handles, n = self._handles(weights)
+        self._call("gtp_release", handles, n, _stream(stream))
+
+    def grad_buffer(self, weight, stream=None):
+        """Address of the weight's FP32 wgrad buffer: padded_rows x cols, the first rows x cols are the
+        weight's (add the wgrad there; padding rows stay zero). Same buffer until finalize()."""
+        out = ctypes.POINTER(ctypes.c_float)()
+        self._call("gtp_grad_buffer", weight.handle, ctypes.byref(out), _stream(stream))
+        return ctypes.cast(out, ctypes.c_void_p).value
+
+    def grad_buffer_array(self, weight):
+        """Host backend: the grad buffer's first rows x cols as a float32 numpy array (no copy)."""
+        return host_array(self.grad_buffer(weight), (weight.rows, weight.cols), np.float32)
+
+    def finalize(self, weights, last_microbatch=True, stream=None):
+        """Collective reduce-scatter (mean over G) of the grad buffers into the main grads; the add is
+        applied at the next finalize or drain, which also run grad_ready."""
+        handles, n = self._handles(weights)
+        self._call("gtp_finalize", handles, n, 1 if last_microbatch else 0, _stream(stream))
+
+    def drain(self, stream=None):
+        """End-of-backward fence: pending main-grad adds (and grad_ready), chains end their step."""
+        self._call("gtp_drain", _stream(stream))
+
+    def reset_chains(self):
+        self._call("gtp_reset_chains")
+
+
+def host_array(address, shape, dtype):
+    """A numpy view of host memory at `address` (no copy; the memory's owner decides its lifetime)."""
+    count = int(np.prod(shape))
+    if count == 0:
+        return np.empty(shape, dtype)
+    buffer = (ctypes.c_char * (count * np.dtype(dtype).itemsize)).from_address(address)
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def bf16_bits_to_float32(bits):
+    """uint16 BF16 bits -> float32 values (exact)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def float32_to_bf16_bits(values):
+    """float32 -> uint16 BF16 bits, round to nearest even (as libgtp and torch round); NaN stays NaN."""
+    v = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    return np.where(nan, ((v >> 16) | 0x40).astype(np.uint16), rounded)
+
+
+def ring_mean(contributions, shard_rows):
+    """The host backend's reduce-scatter mean, in its summation order, over full-size FP32 arrays (one
+    per rank, rows padded to G x shard_rows): chunk c is summed from rank c+1 around the ring to rank c,
+    then divided by G. Lets references match libgtp bit for bit."""
+    size = len(contributions)
+    out = np.empty_like(contributions[0], dtype=np.float32)
+    for c in range(size):
+        rows = slice(c * shard_rows, (c + 1) * shard_rows)
+        total = np.array(contributions[(c + 1) % size][rows], dtype=np.float32)
+        for step in range(2, size + 1):
+            total = total + np.asarray(contributions[(c + step) % size][rows], dtype=np.float32)
+        out[rows] = total / np.float32(size)
+    return out

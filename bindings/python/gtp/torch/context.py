@@ -1,0 +1,115 @@
+"""gtp.torch.Context: a gtp.Context that speaks torch (stores, streams, tensors, parameters)."""
+import ctypes
+import datetime
+
+import torch
+
+from .. import context as core
+
+
+class TorchStore:
+    """The set/get/wait view gtp.bootstrap wants of a torch.distributed.Store (TCPStore, FileStore...)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def set(self, key, value):
+        self.store.set(key, value)
+
+    def get(self, key):
+        return self.store.get(key)
+
+    def wait(self, keys, timeout_s):
+        self.store.wait(keys, datetime.timedelta(seconds=timeout_s))
+
+
+class _CudaArray:
+    """Exposes a device pointer through __cuda_array_interface__ (v3) so torch.as_tensor wraps it
+    without a copy. No stream is given, so torch does not synchronize: ordering is the caller's."""
+
+    def __init__(self, address, shape, typestr):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (address, False),
+                                         "version": 3, "strides": None, "stream": None}
+
+
+def tensor_at(address, shape, dtype, device):
+    """A tensor viewing memory libgtp owns (no copy). Valid until that memory's release (see docs/python.md)."""
+    count = 1
+    for extent in shape:
+        count *= extent
+    if device.type == "cuda":
+        # typestr has no bfloat16: wrap as int16 / float32 and reinterpret.
+        typestr, view = ("<i2", torch.bfloat16) if dtype == torch.bfloat16 else ("<f4", torch.float32)
+        with torch.cuda.device(device):
+            return torch.as_tensor(_CudaArray(address, shape, typestr), device=device).view(view)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    buffer = (ctypes.c_char * (count * itemsize)).from_address(address)
+    return torch.frombuffer(buffer, dtype=dtype, count=count).view(*shape)
+
+
+class Context(core.Context):
+    """gtp.Context over a torch.distributed.Store (or any set/get store, or None for gtp-launch's UCX).
+
+    backend: "host" (CPU tensors, NULL streams) or "cuda" (tensors on `device`, the current stream).
+    auto_drain: drain at the end of every backward pass (queued on autograd's engine by the first
+    gtp.torch.Linear backward); False: call drain() yourself after backward, before optimizer.step().
+    """
+
+    def __init__(self, store=None, rank=None, world_size=None, *, backend="host", device=None, auto_drain=True,
+                 **kwargs):
+        if store is not None and isinstance(store, torch.distributed.Store):
+            store = TorchStore(store)
+        if backend == "cuda":
+            self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+            with torch.cuda.device(self.device):  # libgtp's CUDA backend takes the current device at create
+                super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready,
+                                 **kwargs)
+        else:
+            self.device = torch.device("cpu")
+            super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
+        self.auto_drain = auto_drain
+        self._ready = []            # parameters whose main-grad add ran since the last drain
+        self._drain_queued = False
+        self.parameters = []        # every ShardedParameter registered on this context
+
+    def stream(self):
+        """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
+
+    def _route_grad_ready(self, weight):
+        param = weight.user
+        if param is None:
+            return
+        self._ready.append(param)
+        for hook in param._grad_ready_hooks:
+            hook(param)
+
+    def queue_drain(self):
+        """Drain at the end of the running backward pass (once per pass)."""
+        if self.auto_drain and not self._drain_queued:
+            self._drain_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.drain)
+
+    def drain(self, stream=None):
+        """End of backward: applies pending main-grad adds, then moves each ready shard's main_grad into
+        its .grad (added to what is there; main_grad is zeroed), ordered on the current stream."""
+        self._drain_queued = False
+        super().drain(self.stream() if stream is None else stream)
+        ready, self._ready = self._ready, []
+        for param in dict.fromkeys(ready):  # once each, in ready order
+            if param.grad is None:
+                param.grad = param.main_grad.clone()
+            else:
+                param.grad.add_(param.main_grad)
+            param.main_grad.zero_()
+
+    def shard_updated(self, weights=None, stream=None):
+        """Collective re-pack of the wire chunks after an optimizer step. weights: gtp.Weight or
+        ShardedParameter objects; None: every parameter of this context."""
+        items = self.parameters if weights is None else list(weights)
+        super().shard_updated([getattr(w, "gtp_weight", w) for w in items],
+                              self.stream() if stream is None else stream)
+
+    def attach_optimizer(self, optimizer):
+        """After every optimizer.step(), re-pack this context's shards (collective: every rank steps)."""
+        return optimizer.register_step_post_hook(lambda *_: self.shard_updated())

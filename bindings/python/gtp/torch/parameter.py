@@ -1,0 +1,107 @@
+"""ShardedParameter: this rank's rows of a GTP-sharded weight, implementing TransformerEngine's
+DistributedWeight protocol (is_distributed_weight, materialize_group_for_forward / _backward,
+finalize_group_grads, grad_buffer) over libgtp."""
+import torch
+
+from .context import tensor_at
+
+_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+class ShardedParameter(torch.nn.Parameter):
+    """A torch.nn.Parameter holding rows [row_start, row_start + valid_rows) of a rows x cols weight
+    (FP32 or BF16 master). `main_grad` (FP32, same shape) receives the reduce-scattered gradient; the
+    context's drain() moves it into `.grad` for ordinary optimizers."""
+
+    is_distributed_weight = True  # TE's capability flag
+
+    def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat"):
+        if shard.dtype not in _DTYPES:
+            raise ValueError(f"shard dtype {shard.dtype} is not torch.float32 or torch.bfloat16")
+        geometry = context.geometry(rows, cols, wire, group)
+        if tuple(shard.shape) != (geometry.valid_rows, cols):
+            raise ValueError(f"shard of '{name}' has shape {tuple(shard.shape)} but this rank owns rows "
+                             f"[{geometry.row_start}, {geometry.row_start + geometry.valid_rows}) of {rows} x {cols}")
+        shard = shard.detach().to(context.device).contiguous()
+        param = super().__new__(cls, shard, requires_grad=True)
+        param.context, param.geometry = context, geometry
+        param.full_shape = (rows, cols)
+        param.main_grad = torch.zeros_like(shard, dtype=torch.float32)
+        param.grad_added_to_main_grad = False
+        param._grad_ready_hooks = []
+        param.gtp_weight = context.register(
+            name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
+            wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None)
+        param.gtp_weight.user = param
+        context.parameters.append(param)
+        return param
+
+    def __reduce_ex__(self, protocol):  # pickles (torch.save of a module) as its plain shard
+        return torch.Tensor.__reduce_ex__(self.detach(), protocol)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("a ShardedParameter is registered with libgtp and cannot be deep-copied; "
+                        "save its state_dict and build a new model instead")
+
+    # -- DistributedWeight protocol --
+    def _materialize(self, phase):
+        context = self.context
+        ptrs = context.materialize([self.gtp_weight], phase, stream=context.stream())
+        rows, cols = self.full_shape
+        tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
+        return tensors[0] if len(tensors) == 1 else tensors
+
+    def materialize_group_for_forward(self):
+        """The full BF16 weight (a list for an expert group), valid until release_group()."""
+        return self._materialize("forward")
+
+    def materialize_group_for_backward(self):
+        return self._materialize("backward")
+
+    def release_group(self):
+        """Ends the use opened by a materialize_group_* call (ordered on the current stream)."""
+        self.context.release([self.gtp_weight], stream=self.context.stream())
+
+    def grad_buffer(self):
+        """FP32 rows x cols buffer the wgrad is ADDED into (zeroed by libgtp), until finalize."""
+        context = self.context
+        address = context.grad_buffer(self.gtp_weight, stream=context.stream())
+        return tensor_at(address, self.full_shape, torch.float32, context.device)
+
+    def finalize_group_grads(self, wgrads=None):
+        """Reduce-scatters the grad buffer (mean over G) into main_grad; asynchronous: returns None.
+        wgrads that are not the grad buffer itself are added into it first."""
+        if wgrads is not None:
+            for wgrad in wgrads if isinstance(wgrads, (list, tuple)) else [wgrads]:
+                buffer = self.grad_buffer()
+                if wgrad.data_ptr() != buffer.data_ptr():
+                    buffer.add_(wgrad)
+        self.context.finalize([self.gtp_weight], stream=self.context.stream())
+        self.grad_added_to_main_grad = True
+        return None
+
+    def register_grad_ready_hook(self, hook):
+        """hook(param) runs when libgtp has added this shard's gradient into main_grad (the DDP signal;
+        on CUDA the add is enqueued, ordered before the next drain on the current stream)."""
+        self._grad_ready_hooks.append(hook)
+        return hook
+
+
+# TE's dispatchers: no-ops on plain tensors.
+def is_distributed_weight(weight):
+    return bool(getattr(weight, "is_distributed_weight", False))
+
+
+def materialize_weight_for_forward(weights):
+    leader = weights[0]
+    return leader.materialize_group_for_forward() if is_distributed_weight(leader) else weights
+
+
+def materialize_weight_for_backward(weights):
+    leader = weights[0]
+    return leader.materialize_group_for_backward() if is_distributed_weight(leader) else weights
+
+
+def finalize_weight_grads(weights, wgrads):
+    leader = weights[0]
+    return leader.finalize_group_grads(wgrads) if is_distributed_weight(leader) else wgrads

@@ -1,0 +1,177 @@
+"""gtp (ctypes + numpy, no framework) over the host backend, 1, 2 and 4 processes."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import gtp
+from ranks import run_ranks, store_path
+
+ROWS, COLS = 40, 64  # G = 4: shard_rows 16, rank 3 holds only padding
+
+
+def full_weight(rows=ROWS, cols=COLS, seed=7):
+    return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+
+def _round_trip(rank, world, store_dir, wire):
+    store = gtp.FileStore(store_path(store_dir))
+    with gtp.Context(store, rank, world) as ctx:
+        full = full_weight()
+        g = ctx.geometry(ROWS, COLS, wire)
+        w = ctx.register("w", full[g.row_start:g.row_start + g.valid_rows].copy(), ROWS, COLS, wire=wire)
+        ctx.shard_updated([w])
+        out = []
+        for phase in ("forward", "backward"):
+            [a] = ctx.materialize_arrays([w], phase)
+            out.append(a.copy())
+            ctx.release([w])
+        ctx.drain()
+        return g.valid_rows, out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_bf16_round_trip_is_bit_exact(world):
+    results = run_ranks(_round_trip, world, "bf16")
+    expected = gtp.float32_to_bf16_bits(full_weight())
+    for valid_rows, arrays in results:
+        for a in arrays:
+            np.testing.assert_array_equal(a, expected)
+    assert sum(v for v, _ in results) == ROWS
+    if world == 4:
+        assert results[3][0] == 0  # a rank holding only padding still takes part
+
+
+# Max error relative to the tensor's amax that each wire format may add (docs/formats.md: E4M3 keeps
+# 3 mantissa bits; NVFP4's E2M1 steps are 0.5 at most between 4 and 6, scaled per 16-element block).
+WIRE_BOUNDS = {"fp8": 2.0 ** -4, "mxfp8": 2.0 ** -4, "nvfp4": 1.0 / 6.0 + 2.0 ** -4}
+
+
+@pytest.mark.parametrize("wire", sorted(WIRE_BOUNDS))
+def test_quantized_wires_are_identical_on_every_rank_and_within_bounds(wire):
+    results = run_ranks(_round_trip, 2, wire)
+    full = full_weight()
+    first = results[0][1][0]
+    for _, arrays in results:
+        for a in arrays:
+            np.testing.assert_array_equal(a, first)
+    error = np.abs(gtp.bf16_bits_to_float32(first) - full)
+    assert error.max() <= WIRE_BOUNDS[wire] * np.abs(full).max(), (wire, error.max())
+    assert error.max() > 0  # it did quantize
+
+
+def _gradients(rank, world, store_dir):
+    store = gtp.FileStore(store_path(store_dir))
+    ready = []
+    with gtp.Context(store, rank, world, grad_ready=ready.append, trace_spans=256) as ctx:
+        g = ctx.geometry(ROWS, COLS)
+        shard = full_weight()[g.row_start:g.row_start + g.valid_rows].copy()
+        main_grad = np.zeros_like(shard)
+        w = ctx.register("w", shard, ROWS, COLS, main_grad=main_grad)
+        ctx.shard_updated([w])
+        contribution = np.random.default_rng(100 + rank).standard_normal((ROWS, COLS)).astype(np.float32)
+        ctx.grad_buffer_array(w)[:] += contribution
+        ctx.finalize([w])
+        ctx.drain()
+        return g, main_grad.copy(), contribution, [r.name for r in ready], ctx.stats(), ctx.trace()
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_gradients_are_the_ring_mean_bit_exact(world):
+    results = run_ranks(_gradients, world)
+    shard_rows = results[0][0].shard_rows
+    padded = np.zeros((shard_rows * world, COLS), np.float32)
+    contributions = []
+    for _, _, c, _, _, _ in results:
+        p = padded.copy()
+        p[:ROWS] = c
+        contributions.append(p)
+    mean = gtp.ring_mean(contributions, shard_rows)
+    for g, main_grad, _, ready, stats, trace in results:
+        np.testing.assert_array_equal(main_grad, mean[g.row_start:g.row_start + g.valid_rows])
+        assert ready == ["w"]
+        assert stats["grads"]["reduce_scatters"] == 1 and stats["grads"]["grads_ready"] == 1
+        assert trace["traceEvents"], "the trace recorded spans"
+
+
+def test_library_is_found_and_header_version_is_checked(tmp_path):
+    assert os.path.isfile(gtp.library_path())
+    with pytest.raises(gtp.VersionError) as e:
+        gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1, header_version=10000)
+    assert "1.0" in e.value.message and f"{gtp.VERSION_MAJOR}.{gtp.VERSION_MINOR}" in e.value.message
+    assert e.value.status_name == "GTP_ERROR_VERSION"
+
+
+def test_misuse_raises_the_status_class_with_the_library_message(tmp_path):
+    ctx = gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1)
+    with pytest.raises(gtp.InvalidArgumentError, match="cols=20"):
+        ctx.register("odd", np.zeros((16, 20), np.float32), 16, 20)
+    with pytest.raises(ValueError, match=r"rows \[0, 40\)"):
+        ctx.register("short", np.zeros((8, COLS), np.float32), ROWS, COLS)
+    w = ctx.register("w", full_weight(), ROWS, COLS)
+    with pytest.raises(gtp.InvalidStateError, match="not materialized"):
+        ctx.release([w])
+    with pytest.raises(gtp.InvalidArgumentError, match="n is 0"):
+        ctx.materialize([])
+    with pytest.raises(gtp.InvalidArgumentError, match="listed twice"):
+        ctx.shard_updated([w, w])
+    with pytest.raises(gtp.InvalidArgumentError, match="main_grad"):
+        ctx.grad_buffer(w)
+    with pytest.raises(ValueError, match="phase='sideways'"):
+        ctx.materialize([w], "sideways")
+    ctx.unregister(w)
+    with pytest.raises(gtp.InvalidStateError, match="not registered"):
+        ctx.shard_updated([w])
+    ctx.abort()
+    with pytest.raises(gtp.InvalidStateError, match="aborted"):
+        ctx.stats()
+    ctx.close()
+    ctx.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        ctx.stats()
+
+
+def test_cuda_backend_without_a_device_is_a_cuda_error(tmp_path):
+    with pytest.raises(gtp.CudaError) as e:
+        gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1, backend="cuda")
+    assert "GTP_ERROR_CUDA" in str(e.value) and e.value.message
+
+
+def test_missing_peer_is_a_timeout(tmp_path):
+    with pytest.raises(gtp.TimeoutError) as e:
+        gtp.Context(gtp.FileStore(str(tmp_path), timeout_s=1), 0, 2, timeout_s=1)
+    assert "did not appear" in e.value.message
+
+
+class BrokenStore:
+    def set(self, key, value):
+        raise ConnectionError("store server went away")
+
+    def get(self, key):
+        raise ConnectionError("store server went away")
+
+
+def test_store_failure_is_a_system_error_with_the_store_message():
+    with pytest.raises(gtp.SystemError, match="store server went away"):
+        gtp.Context(BrokenStore(), 0, 2, timeout_s=5)
+
+
+def test_library_discovery_honours_gtp_library_first():
+    import subprocess
+    env = dict(os.environ, GTP_LIBRARY="/nonexistent/libgtp.so")
+    code = "import gtp; gtp.library_path()"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    assert run.returncode != 0 and "/nonexistent/libgtp.so (GTP_LIBRARY)" in run.stderr, run.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("GTP_LAUNCH"), reason="GTP_LAUNCH (the gtp-launch binary) is not set")
+@pytest.mark.parametrize("world", [2, 3])
+def test_ucx_bootstrap_under_gtp_launch(world):
+    import subprocess
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch_worker.py")
+    run = subprocess.run([os.environ["GTP_LAUNCH"], "-n", str(world), "--timeout", "120", "--", sys.executable, worker],
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("round trip exact") == world, run.stdout

@@ -1,0 +1,248 @@
+"""gtp.torch over the host backend: DistributedWeight protocol, Linear gradients against a
+single-process reference, tiny-model parity, checkpoint re-sharding G=4 -> G=2."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import gtp  # noqa: E402
+import gtp.torch as gt  # noqa: E402
+from ranks import run_ranks, store_path  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+IN, OUT = 64, 40  # OUT not a multiple of 16 x G: the last shards are padding
+
+
+def torch_context(rank, world, store_dir, **kwargs):
+    store = torch.distributed.FileStore(store_path(store_dir), world)
+    return gt.Context(store, rank, world, **kwargs)
+
+
+def _linear_grads(rank, world, store_dir):
+    ctx = torch_context(rank, world, store_dir)
+    torch.manual_seed(3)
+    sharded = gt.Linear(IN, OUT, context=ctx)
+    torch.manual_seed(3)
+    plain = gt.Linear(IN, OUT)
+    ready = []
+    sharded.weight.register_grad_ready_hook(ready.append)
+    x = torch.randn(6, IN, generator=torch.Generator().manual_seed(50 + rank))
+    x_sharded, x_plain = x.clone().requires_grad_(), x.clone().requires_grad_()
+    weights = torch.randn(6, OUT, generator=torch.Generator().manual_seed(90 + rank))
+    y_sharded, y_plain = sharded(x_sharded), plain(x_plain)
+    (y_sharded * weights).sum().backward()  # drains at the end (auto_drain)
+    (y_plain * weights).sum().backward()
+    protocol = (gt.is_distributed_weight(sharded.weight), gt.is_distributed_weight(plain.weight),
+                gt.materialize_weight_for_forward([plain.weight])[0] is plain.weight)
+    result = {"geometry": sharded.weight.geometry, "shard_grad": sharded.weight.grad.clone(),
+              "main_grad_zeroed": bool((sharded.weight.main_grad == 0).all()), "ready": len(ready),
+              "y_equal": torch.equal(y_sharded, y_plain), "x_grad_equal": torch.equal(x_sharded.grad, x_plain.grad),
+              "plain_wgrad": plain.weight.grad.clone(), "protocol": protocol,
+              "drain_stats": ctx.stats()["grads"]}
+    ctx.close()
+    return result
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_linear_gradients_match_the_single_process_reference(world):
+    results = run_ranks(_linear_grads, world)
+    g0 = results[0]["geometry"]
+    padded = [np.pad(r["plain_wgrad"].numpy(), ((0, g0.padded_rows - OUT), (0, 0))) for r in results]
+    reference = torch.from_numpy(gtp.ring_mean(padded, g0.shard_rows))
+    for r in results:
+        g = r["geometry"]
+        assert r["y_equal"] and r["x_grad_equal"], "forward and dgrad equal the unsharded layer's bit for bit"
+        assert torch.equal(r["shard_grad"], reference[g.row_start:g.row_start + g.valid_rows])
+        assert r["main_grad_zeroed"] and r["ready"] == 1
+        assert r["protocol"] == (True, False, True)
+    assert sum(r["geometry"].valid_rows for r in results) == OUT
+
+
+def test_tcpstore_bootstrap_and_protocol_on_one_rank():
+    store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True)
+    with gt.Context(store, 0, 1) as ctx:
+        layer = gt.Linear(IN, OUT, context=ctx, bias=False)
+        w = layer.weight
+        assert isinstance(w, torch.nn.Parameter) and w.is_distributed_weight
+        full = w.materialize_group_for_forward()
+        assert full.dtype == torch.bfloat16 and tuple(full.shape) == (OUT, IN)
+        assert torch.equal(full, w.detach().to(torch.bfloat16))
+        w.release_group()
+        buffer = w.grad_buffer()
+        assert buffer.dtype == torch.float32 and tuple(buffer.shape) == (OUT, IN) and bool((buffer == 0).all())
+        buffer.fill_(2.0)
+        assert w.finalize_group_grads() is None  # asynchronous, as TE allows
+        ctx.drain()
+        assert bool((w.grad == 2.0).all()) and w.grad_added_to_main_grad
+        with pytest.raises(gtp.InvalidStateError, match="not materialized"):
+            w.release_group()
+
+
+def test_tiny_gpt_gtp_on_bf16_is_bit_identical_to_gtp_off():
+    import train_gpt
+    config = train_gpt.default_config(steps=4, wires=["bf16", "nvfp4"], layers=1, backend="host")
+    summary = train_gpt.summarize(train_gpt.launch(2, config, timeout_s=400), config)
+    assert summary["runs"]["bf16"]["bit_identical_to_off"], summary["runs"]
+    assert summary["runs"]["nvfp4"]["within_bound"] and not summary["runs"]["nvfp4"]["bit_identical_to_off"]
+    assert summary["runs"]["bf16"]["stats"]["grads"]["reduce_scatters"] > 0
+
+
+def _model(context):
+    torch.manual_seed(11)
+    return torch.nn.Sequential(gt.Linear(IN, OUT, context=context), torch.nn.GELU(), torch.nn.Linear(OUT, 16))
+
+
+def _save_at_g4(rank, world, store_dir):
+    ctx = torch_context(rank, world, store_dir)
+    model = _model(ctx)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.attach_optimizer(optimizer)
+    x = torch.randn(8, IN, generator=torch.Generator().manual_seed(rank))
+    model(x).square().mean().backward()
+    for p in model.parameters():  # replicated parameters stay as built (no data-parallel mean here)
+        if not isinstance(p, gt.ShardedParameter):
+            p.grad = None
+    optimizer.step()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    materialized = model[0].weight.materialize_group_for_forward().clone()
+    model[0].weight.release_group()
+    ctx.close()
+    return state, materialized
+
+
+def _load_at_g2(rank, world, store_dir, full_state, g4_rank3_state):
+    ctx = torch_context(rank, world, store_dir)
+    model = _model(ctx)
+    model.load_state_dict(full_state)
+    g = model[0].weight.geometry
+    materialized = model[0].weight.materialize_group_for_forward().clone()
+    model[0].weight.release_group()
+    error = None
+    try:
+        model.load_state_dict(g4_rank3_state)
+    except RuntimeError as e:
+        error = str(e)
+    x = torch.randn(5, IN, generator=torch.Generator().manual_seed(77))
+    y = model(x).detach()
+    ctx.close()
+    return g, model[0].weight.detach().clone(), materialized, error, y
+
+
+def test_checkpoint_written_at_g4_loads_at_g2():
+    saved = run_ranks(_save_at_g4, 4)
+    states = [s for s, _ in saved]
+    assert all("0.weight_gtp_shard" in s for s in states)
+    full = gt.consolidate_state_dicts(states)
+    assert tuple(full["0.weight"].shape) == (OUT, IN) and "0.weight_gtp_shard" not in full
+    assert torch.equal(full["0.weight"].to(torch.bfloat16), saved[0][1]), "stitched shards = the gathered weight"
+    loaded = run_ranks(_load_at_g2, 2, full, states[3])
+    plain = _model(None)
+    plain.load_state_dict(full)
+    y_plain = plain(torch.randn(5, IN, generator=torch.Generator().manual_seed(77))).detach()
+    for g, shard, materialized, error, y in loaded:
+        assert g.group_size == 2
+        assert torch.equal(shard, full["0.weight"][g.row_start:g.row_start + g.valid_rows])
+        assert torch.equal(materialized, full["0.weight"].to(torch.bfloat16))
+        assert error is not None and "consolidate_state_dicts" in error
+        assert torch.equal(y, y_plain), "a G=2 model from the G=4 checkpoint computes what GTP off does"
+    with pytest.raises(ValueError, match="in no shard"):
+        gt.consolidate_state_dicts(states[:2])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")
+def test_cuda_linear_matches_plain_on_one_gpu(tmp_path):
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        torch.manual_seed(5)
+        sharded = gt.Linear(IN, OUT, context=ctx)
+        torch.manual_seed(5)
+        plain = gt.Linear(IN, OUT, device="cuda")
+        x = torch.randn(6, IN, device="cuda")
+        assert torch.equal(sharded(x), plain(x))
+        sharded(x).sum().backward()
+        plain(x).sum().backward()
+        torch.cuda.synchronize()
+        assert torch.equal(sharded.weight.grad, plain.weight.grad)
+
+
+def test_explicit_drain_accumulates_microbatches_like_autograd(tmp_path):
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    with gt.Context(store, 0, 1, auto_drain=False) as ctx:
+        torch.manual_seed(8)
+        sharded = gt.Linear(IN, OUT, context=ctx, bias=False)
+        torch.manual_seed(8)
+        plain = gt.Linear(IN, OUT, bias=False)
+        for microbatch in range(2):
+            x = torch.randn(3, IN, generator=torch.Generator().manual_seed(microbatch))
+            sharded(x).square().sum().backward()
+            plain(x).square().sum().backward()
+        assert sharded.weight.grad is None, "nothing reaches .grad before drain when auto_drain=False"
+        ctx.drain()
+        assert torch.equal(sharded.weight.grad, plain.weight.grad)
+        assert ctx.stats()["grads"]["reduce_scatters"] == 2
+
+
+TP_IN, TP_HIDDEN = 64, 96  # per TP rank: 48 rows (column), 48 columns (row)
+
+
+def _tp_model(context, tp_group):
+    torch.manual_seed(21)
+    column = gt.Linear(TP_IN, TP_HIDDEN, context=context, parallel_mode="column", tp_group=tp_group, name="column")
+    row = gt.Linear(TP_HIDDEN, TP_IN, context=context, parallel_mode="row", tp_group=tp_group, name="row")
+    return column, row
+
+
+def _tensor_parallel(rank, world, store_dir, profile):
+    store = torch.distributed.FileStore(store_path(store_dir), world)
+    torch.distributed.init_process_group("gloo", store=torch.distributed.PrefixStore("pg", store), rank=rank,
+                                         world_size=world)
+    tp_groups = [torch.distributed.new_group([0, 1]), torch.distributed.new_group([2, 3])]
+    ctx = gt.Context(store, rank, world, profile_json=profile)
+    tp_group = tp_groups[rank // 2]
+    column, row = _tp_model(ctx, tp_group)
+    x = torch.randn(5, TP_IN, generator=torch.Generator().manual_seed(ctx.sizes.data_parallel_index))
+    x.requires_grad_()
+    y = row(torch.nn.functional.gelu(column(x)))
+    y.square().sum().backward()
+    result = {"sizes": ctx.sizes, "y": y.detach(), "x_grad": x.grad, "column_geometry": column.weight.geometry,
+              "row_geometry": row.weight.geometry, "column_grad": column.weight.grad, "row_grad": row.weight.grad,
+              "tp_rank": column.tp_rank}
+    ctx.close()
+    torch.distributed.destroy_process_group()
+    return result
+
+
+def test_column_and_row_parallel_with_tp2_g2_match_the_unsharded_model():
+    import json
+    profile = json.dumps({"schema_version": 1, "cluster": {"template": {"host_count": 1, "host": {
+        "numa_nodes": [{"os_index": 0, "cpuset": "0xff"}], "gpus": [{"index": i, "numa_node": 0} for i in range(4)]}}},
+        "parallel": {"world_size": 4, "tensor_model_parallel_size": 2, "tensor_parallel_num_weight_shards": 4}})
+    results = run_ranks(_tensor_parallel, 4, profile)
+    column, row = _tp_model(None, None)
+    wgrads = {"column": [], "row": []}
+    outputs = {}
+    for data_index in range(2):  # the unsharded model on each data rank's microbatch
+        x = torch.randn(5, TP_IN, generator=torch.Generator().manual_seed(data_index)).requires_grad_()
+        y = row(torch.nn.functional.gelu(column(x)))
+        y.square().sum().backward()
+        outputs[data_index] = (y.detach(), x.grad)
+        wgrads["column"].append(column.weight.grad)
+        wgrads["row"].append(row.weight.grad)
+        column.weight.grad = row.weight.grad = None
+    mean = {k: (v[0] + v[1]) / 2 for k, v in wgrads.items()}
+    # TP splits the GEMMs' reductions (row-parallel sums partial products over TP), so float sums
+    # differ in order from the unsharded model: compared to 1e-5 relative.
+    close = dict(rtol=1e-5, atol=1e-5)
+    for r in results:
+        s, t = r["sizes"], r["tp_rank"]
+        assert (s.tp, s.gtp_remat, s.data_parallel_count) == (2, 2, 2)
+        y, x_grad = outputs[s.data_parallel_index]
+        torch.testing.assert_close(r["y"], y, **close)
+        torch.testing.assert_close(r["x_grad"], x_grad, **close)
+        g = r["column_geometry"]
+        column_slice = mean["column"][t * 48:(t + 1) * 48]
+        torch.testing.assert_close(r["column_grad"], column_slice[g.row_start:g.row_start + g.valid_rows], **close)
+        g = r["row_geometry"]
+        row_slice = mean["row"][:, t * 48:(t + 1) * 48]
+        torch.testing.assert_close(r["row_grad"], row_slice[g.row_start:g.row_start + g.valid_rows], **close)

@@ -2,10 +2,11 @@
 # The whole GPU-machine check in one call, most important first, every log kept, each step under a
 # time limit: the GPU tests (bench/check_h200.sh tests: kernel, remat, C ABI and comm), the kernel
 # benchmark, the overlap benchmark, compute-sanitizer (bench/check_h200.sh sanitizers), the Python
-# package on the GPU, the
-# torch.compile peer, the remat host-overhead benchmark, the collectives and live cluster setup
-# (bench/collectives/run_gpu.sh) and the live topology probe. Everything lands in $OUT/h200_results.tgz (the device tool returns at
-# most 8 files). Set GTP_COMMIT to record the commit in the JSON.
+# package on the GPU (bindings/python/gpu_h200.sh), the torch.compile peer, the remat host-overhead
+# benchmark, the collectives and live cluster setup (bench/collectives/run_gpu.sh) and the live
+# topology probe. Binaries come from tools/stage-gpu.sh (.carry/). Everything lands in
+# $OUT/h200_results.tgz (the device tool returns at most 8 files). Set GTP_COMMIT to record the
+# commit in the JSON.
 # GTP_DEADLINE (seconds, default 530): steps that would run past it are cut or skipped, so the
 # results always come back within one device call.
 set -uo pipefail

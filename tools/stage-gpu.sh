@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds every binary the GPU-machine scripts run (bazel build -c opt) and stages them, with the
+# shared libraries that machine's image may lack, in .carry/ (bin/, lib/): the device tool carries
+# that folder, and bench/final_h200.sh (or bench/run_h200.sh, bench/check_h200.sh) runs from it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+targets=(
+  //kernels:cuda_kernels_test //bench:gtp-kernel-bench //comm:nccl_test //comm:streams_test
+  //comm:gtp-launch //comm:cluster_setup_test //comm:cluster_setup_worker //bench/collectives:gtp-bench
+  //topology:gtp-topo //remat:cuda_backend_test //remat:cuda_graph_test //bindings/c:gtp_cuda_test
+  //bench/remat:cuda_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
+)
+bazel build -c opt "${targets[@]}"
+rm -rf .carry && mkdir -p .carry/bin .carry/lib
+for t in "${targets[@]}"; do
+  path=${t#//}
+  cp -f "bazel-bin/${path/://}" .carry/bin/
+done
+# Host libraries the binaries link that the GPU image may not have (bench/gpu_env.sh puts .carry/lib
+# on LD_LIBRARY_PATH only when ldconfig lacks them). NCCL and cuBLAS come from that machine.
+for lib in libbenchmark.so.1debian libhwloc.so.15 libnuma.so.1 libucm.so.0 libucp.so.0 libucs.so.0 libuct.so.0; do
+  cp -L "/lib/x86_64-linux-gnu/$lib" .carry/lib/
+done
+echo "stage-gpu: $(ls .carry/bin | wc -l) binaries and $(ls .carry/lib | wc -l) libraries in .carry ($(du -sh .carry | cut -f1))"

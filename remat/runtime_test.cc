@@ -187,6 +187,13 @@ void expect_layer(const void* out, int layer) {
   EXPECT_EQ(std::memcmp(out, full.data(), full.size() * 2), 0) << "layer " << layer;
 }
 
+// One consumer of layer `layer` in (phase, chunk): materialize, check the weight, release.
+void use_layer(Runtime& runtime, const std::vector<WeightId>& ids, int layer, Phase phase, int chunk) {
+  const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
+  expect_layer(out[0], layer);
+  runtime.release(&ids[layer], 1, nullptr);
+}
+
 TEST(Runtime, ChainMismatchIsCountedReportedAndServedByAnOnDemandGather) {
   on_ranks(2, [](comm::HostComm& comm) {
     HostBackend backend({&comm});
@@ -243,11 +250,7 @@ TEST(Runtime, ModelChunksAndRecomputeKeepSeparateVerifiedChains) {
     std::vector<std::vector<std::uint16_t>> shards;
     shards.reserve(3);
     std::vector<WeightId> ids = register_model(runtime, comm, shards);
-    auto use = [&](int layer, Phase phase, int chunk) {
-      const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
-      expect_layer(out[0], layer);
-      runtime.release(&ids[layer], 1, nullptr);
-    };
+    auto use = [&](int layer, Phase phase, int chunk) { use_layer(runtime, ids, layer, phase, chunk); };
     auto step = [&] {  // chunk 0 holds layers 0 and 1, chunk 1 holds layer 2, which is recomputed
       use(0, Phase::kForward, 0);
       use(1, Phase::kForward, 0);
@@ -303,11 +306,7 @@ TEST(Runtime, StepScheduleLooksAheadAcrossChainsAndResyncsAfterADeparture) {
     std::vector<std::vector<std::uint16_t>> shards;
     shards.reserve(3);
     const std::vector<WeightId> ids = register_model(runtime, comm, shards);
-    auto use = [&](int layer, Phase phase, int chunk) {
-      const auto out = runtime.materialize(&ids[layer], 1, phase, chunk, Layout::kBF16, nullptr);
-      expect_layer(out[0], layer);
-      runtime.release(&ids[layer], 1, nullptr);
-    };
+    auto use = [&](int layer, Phase phase, int chunk) { use_layer(runtime, ids, layer, phase, chunk); };
     auto microbatch = [&] {  // chunk 0: layers 0, 1; chunk 1: layer 2, recomputed
       use(0, Phase::kForward, 0);
       use(1, Phase::kForward, 0);

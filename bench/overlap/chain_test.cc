@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "bindings/c/internal/test_ranks.h"
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 namespace gtp::bench::overlap {
@@ -135,32 +136,6 @@ class HostResident : public WeightSource {
   std::vector<bool> handed_out_;
 };
 
-// The C vtable over a comm::Bootstrap (thread ranks), as a framework would supply it.
-gtp_bootstrap_result_t on_bootstrap(void* user, const std::function<void(comm::Bootstrap&)>& body) {
-  try {
-    body(*static_cast<comm::Bootstrap*>(user));
-    return GTP_BOOTSTRAP_OK;
-  } catch (...) {
-    return GTP_BOOTSTRAP_ERROR;
-  }
-}
-gtp_bootstrap_callbacks_t callbacks_for(comm::Bootstrap& bootstrap) {
-  gtp_bootstrap_callbacks_t c{};
-  c.struct_size = sizeof(c);
-  c.version = GTP_BOOTSTRAP_CALLBACKS_VERSION;
-  c.rank = bootstrap.rank();
-  c.world_size = bootstrap.world_size();
-  c.user_data = &bootstrap;
-  c.allgather = [](void* u, const void* send, void* recv, size_t bytes, int64_t) {
-    return on_bootstrap(u, [&](comm::Bootstrap& b) { b.allgather(send, recv, bytes); });
-  };
-  c.broadcast = [](void* u, void* buffer, size_t bytes, int32_t root, int64_t) {
-    return on_bootstrap(u, [&](comm::Bootstrap& b) { b.broadcast(buffer, bytes, root); });
-  };
-  c.barrier = [](void* u, int64_t) { return on_bootstrap(u, [](comm::Bootstrap& b) { b.barrier(); }); };
-  return c;
-}
-
 struct Case {
   int world;  // ranks (threads); G = world
   int depth;
@@ -256,7 +231,7 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
   } else {
     auto group = comm::ThreadBootstrap::create_group(param.world, std::chrono::milliseconds(30000));
     comm::internal::rethrow_first(comm::internal::run_ranks(
-        param.world, [&](int rank) { rank_body(rank, callbacks_for(*group[static_cast<size_t>(rank)])); }));
+        param.world, [&](int rank) { rank_body(rank, cabi_test::callbacks_for(*group[static_cast<size_t>(rank)])); }));
   }
 }
 

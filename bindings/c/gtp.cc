@@ -10,7 +10,6 @@
 #include <exception>
 #include <memory>
 #include <new>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -169,14 +168,32 @@ WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
   return w.id;
 }
 
-// The ids of ws[0..n), each listed once.
+// The ids of ws[0..n), each listed once. This runs on every materialize and release, so messages are
+// built only on failure and duplicates are found by sorting a copy rather than with a node-based set.
 std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n) {
-  require(ws != nullptr || n == 0, "ws is NULL but n is " + std::to_string(n));
-  std::vector<WeightId> ids;
-  std::set<WeightId> seen;
-  for (size_t i = 0; i < n; ++i) {
-    ids.push_back(id_of(ctx, ws[i]));
-    require(seen.insert(ids.back()).second, "weight id " + std::to_string(ids.back()) + " is listed twice; list each weight once");
+  if (ws == nullptr && n != 0) require(false, "ws is NULL but n is " + std::to_string(n));
+  std::vector<WeightId> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = id_of(ctx, ws[i]);
+  if (n > 1) {
+    std::vector<WeightId> sorted(ids);
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) {
+      require(false, "weight id " + std::to_string(*twice) + " is listed twice; list each weight once");
+    }
+  }
+  return ids;
+}
+
+// The weights of a materialize call, checked: at least one, and room in the output for every weight
+// once expert leaders are expanded.
+std::vector<WeightId> materialize_ids(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n, size_t out_capacity) {
+  if (n == 0) require(false, "n is 0; materialize at least one weight");
+  std::vector<WeightId> ids = ids_of(ctx, ws, n);
+  const size_t expanded = ctx.runtime->registry().expand(ids.data(), static_cast<std::int64_t>(ids.size())).size();
+  if (out_capacity < expanded) {
+    require(false, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
+                       std::to_string(expanded) + " (experts follow their leader)");
   }
   return ids;
 }
@@ -577,14 +594,10 @@ gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t 
                              int32_t model_chunk, gtp_layout_t layout, void** out_ptrs, size_t out_capacity,
                              size_t* out_count, cudaStream_t stream) {
   return on_context(ctx, "gtp_materialize", [&] {
-    require(n > 0, "n is 0; materialize at least one weight");
     require(out_ptrs != nullptr, "out_ptrs is NULL");
     require(out_count != nullptr, "out_count is NULL");
-    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity);
     const std::int64_t count = static_cast<std::int64_t>(ids.size());
-    const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
-    require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
-                                          std::to_string(expanded) + " (experts follow their leader)");
     require(as_int(layout) != GTP_LAYOUT_GEMM,
             "layout GTP_LAYOUT_GEMM needs several pointers per weight; call gtp_materialize_views");
     const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
@@ -607,14 +620,11 @@ gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, s
                                    int32_t model_chunk, gtp_layout_t layout, gtp_materialized_t* out,
                                    size_t out_capacity, size_t* out_count, cudaStream_t stream) {
   return on_context(ctx, "gtp_materialize_views", [&] {
-    require(n > 0, "n is 0; materialize at least one weight");
     require(out != nullptr, "out is NULL");
     require(out_count != nullptr, "out_count is NULL");
-    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity);
     const std::int64_t count = static_cast<std::int64_t>(ids.size());
     const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
-    require(out_capacity >= expanded, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
-                                          std::to_string(expanded) + " (experts follow their leader)");
     for (size_t i = 0; i < expanded; ++i) {
       check_struct_size(out[i].struct_size, sizeof(gtp_materialized_t),
                         ("gtp_materialized_t (out[" + std::to_string(i) + "])").c_str());

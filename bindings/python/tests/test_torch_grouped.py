@@ -87,3 +87,31 @@ def test_grouped_views_are_tensors_aliasing_the_sections(tmp_path):
             layer.weight0.release_group()
         layer.weight0.release_group("gemm")
         layer.weight0.release_group()
+
+
+def test_optimizer_step_regathers_the_head_that_drain_prefetched(tmp_path):
+    """drain prefetches the next step's head (depth entries) from the pre-step shards; the optimizer
+    hook's shard_updated re-gathers them (stale_prefetches += depth per step): correct, but one wasted
+    gather per head entry that gtp.torch cannot avoid through the C ABI (docs/python.md says what
+    runtime change would). When that change lands, this count drops to 0."""
+    depth = 2
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, prefetch_depth=depth) as ctx:
+        torch.manual_seed(6)
+        sharded = torch.nn.Sequential(*[gt.Linear(IN, IN, context=ctx) for _ in range(3)])
+        torch.manual_seed(6)
+        plain = torch.nn.Sequential(*[gt.Linear(IN, IN) for _ in range(3)])
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (sharded, plain)]
+        ctx.attach_optimizer(optimizers[0])
+        stale = []
+        for step in range(3):
+            x = torch.randn(4, IN, generator=torch.Generator().manual_seed(step))
+            outputs = [m(x) for m in (sharded, plain)]
+            assert torch.equal(outputs[0], outputs[1]), f"step {step}: the re-gathered head holds the updated weights"
+            for out, optimizer in zip(outputs, optimizers):
+                out.square().sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            stale.append(ctx.stats()["materialize"]["stale_prefetches"])
+        counters = ctx.stats()["materialize"]
+        assert stale == [depth, 2 * depth, 3 * depth]
+        assert counters["exposed_gathers"] == 6 and counters["prefetch_hits"] == 12, counters  # step 1 records

@@ -115,3 +115,31 @@ def test_optimizer_step_regathers_the_head_that_drain_prefetched(tmp_path):
         counters = ctx.stats()["materialize"]
         assert stale == [depth, 2 * depth, 3 * depth]
         assert counters["exposed_gathers"] == 6 and counters["prefetch_hits"] == 12, counters  # step 1 records
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")
+def test_cuda_grouped_linear_and_gemm_views_on_one_gpu(tmp_path):
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        torch.manual_seed(5)
+        sharded = gt.GroupedLinear(EXPERTS, IN, OUT, context=ctx)
+        torch.manual_seed(5)
+        plain = gt.GroupedLinear(EXPERTS, IN, OUT, device="cuda")
+        x = torch.randn(sum(M_SPLITS), IN, device="cuda")
+        assert torch.equal(sharded(x, M_SPLITS), plain(x, M_SPLITS))
+        sharded(x, M_SPLITS).sum().backward()
+        plain(x, M_SPLITS).sum().backward()
+        torch.cuda.synchronize()
+        for a, b in zip(sharded.weights(), plain.weights()):
+            assert torch.equal(a.grad, b.grad)
+        quantized = gt.GroupedLinear(2, IN, OUT, bias=False, context=ctx, wire="fp8")
+        views = quantized.weight0.materialize_group_views("forward", layout="gemm")
+        full = quantized.weight0.materialize_group_for_forward()
+        for view, weight in zip(views, full):
+            data, scale = view.data.tensor, view.decode_scales.tensor
+            assert data.is_cuda and data.dtype == torch.uint8 and data.data_ptr() == view.data.address
+            assert torch.equal(view.data_t.tensor, data.t())
+            decoded = data.view(torch.float8_e4m3fn).float()[:OUT] * scale[0, 0]
+            assert torch.equal(decoded.to(torch.bfloat16), weight)
+        quantized.weight0.release_group("gemm")
+        quantized.weight0.release_group()
+        torch.cuda.synchronize()

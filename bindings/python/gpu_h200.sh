@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python package on the GPU machine (no Bazel there), run by bench/final_h200.sh: the CUDA test of
+# The Python package on the GPU machine (no Bazel there), run by bench/final_h200.sh: the CUDA tests of
 # gtp.torch (pytest, when the machine's python3 has it) and the GPT example with GTP off and on over
 # the CUDA backend on one GPU (G = 1, a real NCCL communicator). libgtp.so comes prebuilt in
 # .carry/bin (tools/stage-gpu.sh); results go to $OUT.
@@ -8,8 +8,9 @@ out=${OUT:-/tmp/gtp-out}
 export GTP_LIBRARY=$PWD/.carry/bin/libgtp.so
 export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 if python3 -c 'import pytest' 2>/dev/null; then
-  echo "== pytest: the gtp.torch CUDA test"
-  python3 -m pytest -q -rs bindings/python/tests/test_torch.py -k cuda 2>&1 | tail -n 15
+  echo "== pytest: the gtp.torch CUDA tests (Linear, GroupedLinear, GEMM-layout tensors)"
+  python3 -m pytest -q -rs bindings/python/tests/test_torch.py bindings/python/tests/test_torch_grouped.py -k cuda \
+    2>&1 | tail -n 15
 else
   echo "== pytest: not installed for $(command -v python3), the gtp.torch CUDA test is not run"
 fi

@@ -26,7 +26,9 @@ DTYPE_BF16, DTYPE_FP32 = 0, 1
 WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = 0, 1, 2, 3
 GROUP_GTP_REMAT, GROUP_EXPERT_GTP_REMAT = 0, 1
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE = 0, 1, 2
-LAYOUT_BF16 = 0
+LAYOUT_BF16, LAYOUT_GEMM = 0, 1
+# gtp_elem_t: element types of a materialized section
+ELEM_NONE, ELEM_BF16, ELEM_E4M3, ELEM_E2M1, ELEM_E8M0, ELEM_FP32 = 0, 1, 2, 3, 4, 5
 
 # gtp_bootstrap_result_t and the vtable version of comm/bootstrap_callbacks.h
 BOOTSTRAP_OK, BOOTSTRAP_ERROR, BOOTSTRAP_TIMEOUT = 0, 1, 2
@@ -78,6 +80,20 @@ class gtp_weight_desc_t(ctypes.Structure):
                 ("expert_leader", ctypes.POINTER(gtp_weight_t))]
 
 
+class gtp_section_t(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("ld", ctypes.c_int64)]
+
+
+class gtp_materialized_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("layout", ctypes.c_int), ("wire", ctypes.c_int),
+                ("nvfp4_2d", ctypes.c_int32), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
+                ("data", gtp_section_t), ("scales", gtp_section_t), ("data_t", gtp_section_t),
+                ("scales_t", gtp_section_t), ("decode_scales", gtp_section_t), ("gemm_rows", ctypes.c_int64),
+                ("decode_scale_rows", ctypes.c_int64), ("scale_block_rows", ctypes.c_int32),
+                ("scale_block_cols", ctypes.c_int32)]
+
+
 def _candidates():
     """Where libgtp.so is looked for, in order: $GTP_LIBRARY, next to the package, the Bazel output."""
     env = os.environ.get("GTP_LIBRARY")
@@ -124,6 +140,9 @@ def _declare(lib):
         "gtp_weights_shard_updated": (c_status, [vp, P(w), sz, vp]),
         "gtp_materialize": (c_status, [vp, P(w), sz, ctypes.c_int, ctypes.c_int32, ctypes.c_int, P(vp), sz, P(sz), vp]),
         "gtp_release": (c_status, [vp, P(w), sz, vp]),
+        "gtp_materialize_views": (c_status, [vp, P(w), sz, ctypes.c_int, ctypes.c_int32, ctypes.c_int,
+                                             P(gtp_materialized_t), sz, P(sz), vp]),
+        "gtp_release_layout": (c_status, [vp, P(w), sz, ctypes.c_int, vp]),
         "gtp_grad_buffer": (c_status, [vp, w, P(P(ctypes.c_float)), vp]),
         "gtp_finalize": (c_status, [vp, P(w), sz, ctypes.c_int32, vp]),
         "gtp_drain": (c_status, [vp, vp]),

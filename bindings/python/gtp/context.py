@@ -15,6 +15,14 @@ PHASES = {"forward": _lib.PHASE_FORWARD, "backward": _lib.PHASE_BACKWARD, "recom
 GROUPS = {"gtp_remat": _lib.GROUP_GTP_REMAT, "expert_gtp_remat": _lib.GROUP_EXPERT_GTP_REMAT}
 BACKENDS = {"host": _lib.BACKEND_HOST, "cuda": _lib.BACKEND_CUDA}
 DTYPES = {"bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
+LAYOUTS = {"bf16": _lib.LAYOUT_BF16, "gemm": _lib.LAYOUT_GEMM}
+_LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
+_WIRE_NAMES = {v: k for k, v in WIRES.items()}
+# gtp_elem_t -> (name, numpy dtype of the stored bytes, elements per stored item). Codes and scales are
+# raw bytes (uint8; E2M1 packs two elements per byte, element 2k in the low nibble), BF16 is uint16 bits.
+ELEMS = {_lib.ELEM_BF16: ("bf16", np.uint16, 1), _lib.ELEM_E4M3: ("e4m3", np.uint8, 1),
+         _lib.ELEM_E2M1: ("e2m1", np.uint8, 2), _lib.ELEM_E8M0: ("e8m0", np.uint8, 1),
+         _lib.ELEM_FP32: ("fp32", np.float32, 1)}
 
 # Contexts created by this process, numbering their store keys (every rank creates them in one order).
 _context_numbers = itertools.count()
@@ -63,6 +71,49 @@ def shard_geometry(rows, cols, group_size, group_rank, wire="bf16"):
     start = group_rank * shard_rows
     valid = max(0, min(shard_rows, rows - start))
     return ShardGeometry(rows, cols, group_size, padded, shard_rows, start, valid)
+
+
+@dataclass
+class Section:
+    """One row-major section of a materialized weight (gtp_section_t): `rows x cols` elements, `ld`
+    elements from one row to the next. `array`: a numpy view (host backend; None on CUDA, where
+    gtp.torch sets `tensor`). Valid until the release of its materialization."""
+    address: int
+    dtype: str            # "bf16", "e4m3", "e2m1" (two per byte), "e8m0", "fp32"
+    rows: int
+    cols: int
+    ld: int
+    array: object = None  # numpy view of the stored items: uint16 (BF16 bits), uint8 (codes, scales), float32
+    tensor: object = None  # gtp.torch: the same memory as a torch tensor (CPU or CUDA)
+
+    @property
+    def storage(self):
+        """(numpy dtype, items per row, items from one row to the next) of the stored items."""
+        _, np_dtype, per_item = next(e for e in ELEMS.values() if e[0] == self.dtype)
+        return np_dtype, self.cols // per_item, self.ld // per_item
+
+
+@dataclass
+class Materialized:
+    """One materialized weight (gtp_materialized_t) with its sections; absent sections are None."""
+    weight: "Weight"
+    layout: str           # what was produced: "bf16" (BF16 layout, or the GEMM layout of the BF16 wire) or "gemm"
+    wire: str
+    nvfp4_2d: bool
+    rows: int
+    cols: int
+    data: Section
+    scales: Section
+    data_t: Section
+    scales_t: Section
+    decode_scales: Section
+    gemm_rows: int
+    decode_scale_rows: int
+    scale_block: tuple    # (rows, cols) of elements one scale covers; (0, 0) without scales
+
+    def sections(self):
+        return {name: getattr(self, name) for name in ("data", "scales", "data_t", "scales_t", "decode_scales")
+                if getattr(self, name) is not None}
 
 
 @dataclass(frozen=True)
@@ -341,9 +392,50 @@ class Context:
             shapes = [shapes[0]] * len(ptrs)
         return [host_array(p, s, np.uint16) for p, s in zip(ptrs, shapes)]
 
-    def release(self, weights, stream=None):
+    def materialize_views(self, weights, phase="forward", model_chunk=0, layout="gemm", stream=None):
+        """Collective. One Materialized per expanded weight (experts after their leader). layout="gemm":
+        the GEMM-ready codes, scales, exact transposes and decode scales of FP8 / MXFP8 / NVFP4 (the BF16
+        weight on the BF16 wire); "bf16": the BF16 weight. The two layouts are two materializations, each
+        ended by release(weights, layout=...). Sections on the host backend carry numpy views."""
+        weights = list(weights)
         handles, n = self._handles(weights)
-        self._call("gtp_release", handles, n, _stream(stream))
+        code = _choice(LAYOUTS, layout, "layout")
+        capacity = sum(1 + len(w.experts) for w in weights)
+        out = (_lib.gtp_materialized_t * capacity)()
+        for entry in out:
+            entry.struct_size = ctypes.sizeof(_lib.gtp_materialized_t)
+        count = ctypes.c_size_t()
+        self._call("gtp_materialize_views", handles, n, _choice(PHASES, phase, "phase"), model_chunk, code, out,
+                   capacity, ctypes.byref(count), _stream(stream))
+        members = [m for w in weights for m in [w] + list(w.experts)]
+        return [self._materialized(members[i], out[i]) for i in range(count.value)]
+
+    def _materialized(self, weight, m):
+        def section(s):
+            if s.dtype == _lib.ELEM_NONE:
+                return None
+            if s.dtype not in ELEMS:
+                raise RuntimeError(f"libgtp returned section dtype {s.dtype}, unknown to this package "
+                                   f"(written for gtp.h {_lib.VERSION_MAJOR}.{_lib.VERSION_MINOR})")
+            out = Section(s.ptr, ELEMS[s.dtype][0], s.rows, s.cols, s.ld)
+            if self.backend == "host":
+                np_dtype, items, ld_items = out.storage
+                out.array = host_array(s.ptr, (s.rows, ld_items), np_dtype)[:, :items]
+            return out
+
+        return Materialized(weight, _LAYOUT_NAMES[m.layout], _WIRE_NAMES[m.wire], bool(m.nvfp4_2d), m.rows, m.cols,
+                            section(m.data), section(m.scales), section(m.data_t), section(m.scales_t),
+                            section(m.decode_scales), m.gemm_rows, m.decode_scale_rows,
+                            (m.scale_block_rows, m.scale_block_cols))
+
+    def release(self, weights, stream=None, layout=None):
+        """Ends the use opened by the matching materialize. layout=None works while the weights are held
+        in one layout; held in both, name the one to end ("bf16" or "gemm", gtp_release_layout)."""
+        handles, n = self._handles(weights)
+        if layout is None:
+            self._call("gtp_release", handles, n, _stream(stream))
+        else:
+            self._call("gtp_release_layout", handles, n, _choice(LAYOUTS, layout, "layout"), _stream(stream))
 
     def grad_buffer(self, weight, stream=None):
         """Address of the weight's FP32 wgrad buffer: padded_rows x cols, the first rows x cols are the

@@ -32,16 +32,25 @@ class _CudaArray:
                                          "version": 3, "strides": None, "stream": None}
 
 
+# __cuda_array_interface__ typestr per dtype; it has no bfloat16, so BF16 is wrapped as int16 and reinterpreted.
+_TYPESTRS = {torch.bfloat16: "<i2", torch.float32: "<f4", torch.uint8: "|u1"}
+# Section element types (gtp.Section.dtype) as tensors: codes and scales are raw bytes, as TE keeps them.
+SECTION_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.uint8, "e2m1": torch.uint8, "e8m0": torch.uint8,
+                  "fp32": torch.float32}
+
+
 def tensor_at(address, shape, dtype, device):
     """A tensor viewing memory libgtp owns (no copy). Valid until that memory's release (see docs/python.md)."""
     count = 1
     for extent in shape:
         count *= extent
     if device.type == "cuda":
-        # typestr has no bfloat16: wrap as int16 / float32 and reinterpret.
-        typestr, view = ("<i2", torch.bfloat16) if dtype == torch.bfloat16 else ("<f4", torch.float32)
+        if dtype not in _TYPESTRS:
+            raise ValueError(f"dtype {dtype} cannot wrap a libgtp pointer; use one of {sorted(map(str, _TYPESTRS))}")
         with torch.cuda.device(device):
-            return torch.as_tensor(_CudaArray(address, shape, typestr), device=device).view(view)
+            return torch.as_tensor(_CudaArray(address, shape, _TYPESTRS[dtype]), device=device).view(dtype)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
     itemsize = torch.empty((), dtype=dtype).element_size()
     buffer = (ctypes.c_char * (count * itemsize)).from_address(address)
     return torch.frombuffer(buffer, dtype=dtype, count=count).view(*shape)
@@ -75,6 +84,24 @@ class Context(core.Context):
     def stream(self):
         """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""
         return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
+
+    def materialize_views(self, weights, phase="forward", model_chunk=0, layout="gemm", stream=None):
+        """gtp.Context.materialize_views on the current stream, every section also a tensor
+        (`section.tensor`, on ctx.device, no copy; codes and scales as uint8 bytes). weights: gtp.Weight
+        or ShardedParameter objects. Valid until release(weights, layout=...)."""
+        handles = [getattr(w, "gtp_weight", w) for w in weights]
+        views = super().materialize_views(handles, phase, model_chunk, layout, self.stream() if stream is None else stream)
+        for view in views:
+            for section in view.sections().values():
+                _, items, ld_items = section.storage
+                section.tensor = tensor_at(section.address, (section.rows, ld_items), SECTION_DTYPES[section.dtype],
+                                           self.device)[:, :items]
+        return views
+
+    def release(self, weights, stream=None, layout=None):
+        """gtp.Context.release on the current stream; weights: gtp.Weight or ShardedParameter objects."""
+        super().release([getattr(w, "gtp_weight", w) for w in weights], self.stream() if stream is None else stream,
+                        layout)
 
     def _route_grad_ready(self, weight):
         param = weight.user

@@ -11,11 +11,15 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 class ShardedParameter(torch.nn.Parameter):
     """A torch.nn.Parameter holding rows [row_start, row_start + valid_rows) of a rows x cols weight
     (FP32 or BF16 master). `main_grad` (FP32, same shape) receives the reduce-scattered gradient; the
-    context's drain() moves it into `.grad` for ordinary optimizers."""
+    context's drain() moves it into `.grad` for ordinary optimizers.
+
+    expert_leader: another ShardedParameter (the group's first expert) to join its expert group: the
+    leader's materialize_group_* then returns every member's weight from one call, and its
+    finalize_group_grads reduces every member's grad buffer."""
 
     is_distributed_weight = True  # TE's capability flag
 
-    def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat"):
+    def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat", expert_leader=None):
         if shard.dtype not in _DTYPES:
             raise ValueError(f"shard dtype {shard.dtype} is not torch.float32 or torch.bfloat16")
         geometry = context.geometry(rows, cols, wire, group)
@@ -31,8 +35,12 @@ class ShardedParameter(torch.nn.Parameter):
         param._grad_ready_hooks = []
         param.gtp_weight = context.register(
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
-            wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None)
+            wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None,
+            expert_leader=None if expert_leader is None else expert_leader.gtp_weight)
         param.gtp_weight.user = param
+        param.group_members = [param]  # a leader's grow with its experts, in registration order
+        if expert_leader is not None:
+            expert_leader.group_members.append(param)
         context.parameters.append(param)
         return param
 
@@ -58,9 +66,16 @@ class ShardedParameter(torch.nn.Parameter):
     def materialize_group_for_backward(self):
         return self._materialize("backward")
 
-    def release_group(self):
-        """Ends the use opened by a materialize_group_* call (ordered on the current stream)."""
-        self.context.release([self.gtp_weight], stream=self.context.stream())
+    def materialize_group_views(self, phase="forward", layout="gemm"):
+        """gtp.torch.Context.materialize_views of this weight (its group for a leader): a list of
+        gtp.Materialized whose sections carry `.tensor`; "gemm" gives FP8 / MXFP8 / NVFP4 codes, scales and
+        decode scales for a quantized GEMM. End it with release_group(layout)."""
+        return self.context.materialize_views([self.gtp_weight], phase, layout=layout)
+
+    def release_group(self, layout=None):
+        """Ends the use opened by a materialize_group_* call (ordered on the current stream); name the
+        layout ("bf16" or "gemm") when both are held."""
+        self.context.release([self.gtp_weight], stream=self.context.stream(), layout=layout)
 
     def grad_buffer(self):
         """FP32 rows x cols buffer the wgrad is ADDED into (zeroed by libgtp), until finalize."""
@@ -69,15 +84,21 @@ class ShardedParameter(torch.nn.Parameter):
         return tensor_at(address, self.full_shape, torch.float32, context.device)
 
     def finalize_group_grads(self, wgrads=None):
-        """Reduce-scatters the grad buffer (mean over G) into main_grad; asynchronous: returns None.
-        wgrads that are not the grad buffer itself are added into it first."""
+        """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into
+        main_grad; asynchronous: returns None. wgrads (one per group member, in order) that are not the
+        member's grad buffer itself are added into it first."""
         if wgrads is not None:
-            for wgrad in wgrads if isinstance(wgrads, (list, tuple)) else [wgrads]:
-                buffer = self.grad_buffer()
+            wgrads = list(wgrads) if isinstance(wgrads, (list, tuple)) else [wgrads]
+            if len(wgrads) != len(self.group_members):
+                raise ValueError(f"finalize_group_grads got {len(wgrads)} wgrads for a group of "
+                                 f"{len(self.group_members)} weights; pass one per member, leader first")
+            for member, wgrad in zip(self.group_members, wgrads):
+                buffer = member.grad_buffer()
                 if wgrad.data_ptr() != buffer.data_ptr():
                     buffer.add_(wgrad)
         self.context.finalize([self.gtp_weight], stream=self.context.stream())
-        self.grad_added_to_main_grad = True
+        for member in self.group_members:
+            member.grad_added_to_main_grad = True
         return None
 
     def register_grad_ready_hook(self, hook):

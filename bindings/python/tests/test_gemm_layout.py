@@ -1,0 +1,159 @@
+"""Context.materialize_views over the host backend, 2 and 4 processes: the GEMM-ready layout of every
+wire format decoded in numpy (docs/formats.md) equals the BF16 layout of the same weight bit for bit,
+transposes are the transposed codes, and misuse raises."""
+import numpy as np
+import pytest
+
+import gtp
+from ranks import run_ranks, store_path
+
+ROWS, COLS = 40, 64  # rows not a multiple of 16 x G: tail padding, and at G = 4 shards holding none
+
+
+def full_weight(seed):
+    # 2^+-6 magnitude bands per row so blocks get different scales (and some E4M3 / E2M1 subnormal codes).
+    rng = np.random.default_rng(seed)
+    bands = np.exp2(rng.integers(-6, 7, size=(ROWS, 1))).astype(np.float32)
+    return (rng.standard_normal((ROWS, COLS)).astype(np.float32) * bands).astype(np.float32)
+
+
+def e4m3_values():
+    """float32 value of every E4M3 ("FN") code: bias 7, 3 mantissa bits, S.1111.111 NaN."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 0xF, codes & 7
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8.0) * np.exp2(exponent - 7.0))
+    values = np.where(codes >> 7, -magnitude, magnitude).astype(np.float32)
+    values[(codes & 0x7F) == 0x7F] = np.nan
+    return values
+
+
+E4M3 = e4m3_values()
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32)
+
+
+def e8m0_values(codes):
+    values = np.ldexp(np.float32(1), codes.astype(np.int32) - 127).astype(np.float32)
+    return np.where(codes == 0xFF, np.float32(np.nan), values)
+
+
+def unpack_e2m1(bytes_):
+    """[r, c/2] bytes -> [r, c] codes, element 2k in the low nibble of byte k."""
+    out = np.empty((bytes_.shape[0], bytes_.shape[1] * 2), dtype=np.uint8)
+    out[:, 0::2], out[:, 1::2] = bytes_ & 0xF, bytes_ >> 4
+    return out
+
+
+def decode_gemm(m):
+    """float32 [gemm_rows, cols] of a GEMM-layout materialization, in the FP32 operation order of
+    docs/formats.md (every product rounded on its own; numpy float32 does not fuse)."""
+    if m.wire == "fp8":
+        values = E4M3[m.data.array]
+    elif m.wire == "mxfp8":
+        values = E4M3[m.data.array] * np.repeat(e8m0_values(m.scales.array), m.scale_block[1], axis=1)
+    else:
+        values = E2M1[unpack_e2m1(m.data.array)] * np.repeat(E4M3[m.scales.array], m.scale_block[1], axis=1)
+    if m.decode_scales is not None:
+        per_row = np.repeat(m.decode_scales.array[:, 0], m.decode_scale_rows)[:m.gemm_rows]
+        values = values * per_row[:, None]
+    return values.astype(np.float32)
+
+
+def _views(rank, world, store_dir, wire):
+    store = gtp.FileStore(store_path(store_dir))
+    with gtp.Context(store, rank, world) as ctx:
+        g = ctx.geometry(ROWS, COLS, wire)
+        weights = []
+        for e in range(3):  # a leader and two experts: one materialize call expands to three views
+            shard = full_weight(10 + e)[g.row_start:g.row_start + g.valid_rows].copy()
+            weights.append(ctx.register(f"expert{e}", shard, ROWS, COLS, wire=wire,
+                                        expert_leader=weights[0] if weights else None))
+        leader = weights[0]
+        ctx.shard_updated([leader])
+        gemm = ctx.materialize_views([leader], layout="gemm")
+        bf16 = ctx.materialize_views([leader], layout="bf16")  # both held at once: two materializations
+        out = {"members": [m.weight.name for m in gemm], "geometry": g}
+        out["gemm"] = [{"layout": m.layout, "wire": m.wire, "rows": m.rows, "cols": m.cols, "gemm_rows": m.gemm_rows,
+                        "decode_scale_rows": m.decode_scale_rows, "scale_block": m.scale_block,
+                        "nvfp4_2d": m.nvfp4_2d, "decoded": decode_gemm(m) if m.layout == "gemm" else None,
+                        "sections": {k: (s.dtype, s.rows, s.cols, s.ld, s.array.copy()) for k, s in m.sections().items()}}
+                       for m in gemm]
+        out["bf16"] = [(m.layout, m.data.dtype, m.data.array.copy()) for m in bf16]
+        out["materialize_arrays"] = None
+        errors = {}
+        try:
+            ctx.release([leader])  # held in both layouts: ambiguous
+        except gtp.InvalidStateError as e:
+            errors["ambiguous"] = str(e)
+        ctx.release([leader], layout="gemm")
+        try:
+            ctx.release([leader], layout="gemm")
+        except gtp.InvalidStateError as e:
+            errors["double"] = str(e)
+        for call in (lambda: ctx.release([leader], layout="fp8"),
+                     lambda: ctx.materialize_views([leader], layout="nvfp4")):
+            try:
+                call()
+            except ValueError as e:
+                errors.setdefault("layout", []).append(str(e))
+        ctx.release([leader])  # only the BF16 layout is held now
+        [plain] = ctx.materialize_arrays([weights[1]])  # a member alone is not the group: still the same bits
+        out["materialize_arrays"] = plain.copy()
+        ctx.release([weights[1]])
+        ctx.drain()
+        out["errors"] = errors
+        return out
+
+
+@pytest.mark.parametrize("wire,world", [("fp8", 2), ("mxfp8", 2), ("nvfp4", 2), ("fp8", 4), ("mxfp8", 4),
+                                        ("nvfp4", 4), ("bf16", 2)])
+def test_gemm_layout_decodes_to_the_bf16_layout_bit_for_bit(wire, world):
+    results = run_ranks(_views, world, wire)
+    first = results[0]
+    align = 32 if wire == "mxfp8" else 16
+    gemm_rows = -(-ROWS // align) * align
+    for r in results:
+        assert r["members"] == ["expert0", "expert1", "expert2"]
+        for view, (bf16_layout, bf16_dtype, bf16) in zip(r["gemm"], r["bf16"]):
+            assert (bf16_layout, bf16_dtype, bf16.shape) == ("bf16", "bf16", (ROWS, COLS))
+            assert view["rows"] == ROWS and view["cols"] == COLS and view["wire"] == wire
+            sections = view["sections"]
+            for name, (_, rows, cols, ld, array) in sections.items():
+                assert ld == cols and array.shape[0] == rows, name
+            if wire == "bf16":  # the GEMM layout of the BF16 wire is the BF16 weight
+                assert view["layout"] == "bf16" and list(sections) == ["data"]
+                np.testing.assert_array_equal(sections["data"][4], bf16)
+                continue
+            assert view["layout"] == "gemm" and view["gemm_rows"] == gemm_rows and not view["nvfp4_2d"]
+            data = sections["data"]
+            assert data[:3] == ("e2m1" if wire == "nvfp4" else "e4m3", gemm_rows, COLS)
+            assert not data[4][ROWS:].any(), "rows past `rows` are zero codes"
+            decoded = view["decoded"]
+            assert decoded.shape == (gemm_rows, COLS)
+            # The BF16 layout is the same decode rounded once to BF16 (docs/formats.md, Unpack (a)).
+            np.testing.assert_array_equal(gtp.float32_to_bf16_bits(decoded[:ROWS]), bf16)
+            # MXFP8 decodes E4M3 x 2^k, exact in BF16; FP8 and NVFP4 multiply by an FP32 decode scale, finer.
+            exact = np.array_equal(decoded[:ROWS], gtp.bf16_bits_to_float32(bf16))
+            assert exact == (wire == "mxfp8")
+            if wire == "fp8":
+                assert set(sections) == {"data", "data_t", "decode_scales"} and view["scale_block"] == (0, 0)
+                assert sections["data_t"][:3] == ("e4m3", COLS, gemm_rows)
+                np.testing.assert_array_equal(sections["data_t"][4], data[4].T)
+            elif wire == "mxfp8":
+                assert set(sections) == {"data", "scales"} and view["scale_block"] == (1, 32)
+                assert sections["scales"][:3] == ("e8m0", gemm_rows, COLS // 32)
+            else:
+                assert set(sections) == {"data", "scales", "decode_scales"} and view["scale_block"] == (1, 16)
+                assert sections["scales"][:3] == ("e4m3", gemm_rows, COLS // 16)
+                assert data[4].shape == (gemm_rows, COLS // 2)  # two codes per byte
+            if "decode_scales" in sections:
+                scales = sections["decode_scales"]
+                assert scales[:3] == ("fp32", world, 1) and view["decode_scale_rows"] == r["geometry"].shard_rows
+                assert np.all(scales[4] == scales[4][0]), "one group-wide amax: every chunk decodes alike"
+        np.testing.assert_array_equal(r["materialize_arrays"], r["bf16"][1][2])
+        for a, b in zip(r["gemm"], first["gemm"]):  # every rank holds the same bytes
+            for name, section in a["sections"].items():
+                np.testing.assert_array_equal(section[4], b["sections"][name][4])
+        errors = r["errors"]
+        assert "both the BF16 and the GEMM layout" in errors["ambiguous"]
+        assert "not materialized in the gemm layout" in errors["double"]
+        assert len(errors["layout"]) == 2 and all("layout=" in e and "'gemm'" in e for e in errors["layout"])

@@ -477,11 +477,12 @@ def bf16_bits_to_float32(bits):
 
 
 def float32_to_bf16_bits(values):
-    """float32 -> uint16 BF16 bits, round to nearest even (as libgtp and torch round); NaN stays NaN."""
+    """float32 -> uint16 BF16 bits as libgtp converts (docs/formats.md): round to nearest even, and
+    every NaN becomes the canonical 0x7FFF."""
     v = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     rounded = ((v + 0x7FFF + ((v >> 16) & 1)) >> 16).astype(np.uint16)
     nan = np.isnan(np.asarray(values, dtype=np.float32))
-    return np.where(nan, ((v >> 16) | 0x40).astype(np.uint16), rounded)
+    return np.where(nan, np.uint16(0x7FFF), rounded)
 
 
 def ring_mean(contributions, shard_rows):

@@ -31,6 +31,15 @@ def _round_trip(rank, world, store_dir, wire):
         return g.valid_rows, out
 
 
+def test_bf16_conversion_rounds_to_nearest_even_and_canonicalizes_nan():
+    from gtp.context import float32_to_bf16_bits
+    values = np.array([1.0, 1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -2.5, np.inf, -np.inf], dtype=np.float32)
+    nans = np.array([0x7FC00000, 0xFFC00001, 0x7F800001], dtype=np.uint32).view(np.float32)
+    got = float32_to_bf16_bits(np.concatenate([values, nans]))
+    # Ties go to even: 1 + 2^-8 down to 1.0, 1 + 3 * 2^-8 up to 1 + 2^-6.
+    assert got.tolist() == [0x3F80, 0x3F80, 0x3F82, 0xC020, 0x7F80, 0xFF80, 0x7FFF, 0x7FFF, 0x7FFF]
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_bf16_round_trip_is_bit_exact(world):
     results = run_ranks(_round_trip, world, "bf16")

@@ -150,7 +150,8 @@ def summarize(folder):
             "collectives": [e for g in gs for e in collectives(folder, g)],
             "wires": [e for g in gs for e in wires(folder, g)],
             "overlap": [e for g in gs for e in overlap(folder, g)],
-            "training": [training(folder, g) for g in gs if os.path.exists(os.path.join(folder, f"train_gpt_g{g}.json"))]}
+            "training": [training(folder, g) for g in gs
+                         if os.path.exists(os.path.join(folder, f"train_gpt_g{g}.json"))]}
     summary["verdicts"] = verdicts(summary)
     return summary
 
@@ -218,7 +219,8 @@ def render(s):
                      f"{'yes' if t['loss_decreased'] else 'NO'}")
         for r in t["runs"]:
             lines.append(f"  {r['run']:<6} last loss {r['last_loss']:.4f}  max gap {fmt(r['gap'], '.4g')}"
-                         f" (bound {fmt(r['bound'], 'g')}) {verdict(r['within_bound'])}  {r['seconds_per_step']:.3f} s/step")
+                         f" (bound {fmt(r['bound'], 'g')}) {verdict(r['within_bound'])}"
+                         f"  {r['seconds_per_step']:.3f} s/step")
         rs = t["reshard"]
         if rs is None:
             lines.append("  re-shard load: not run")

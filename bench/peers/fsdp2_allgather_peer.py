@@ -153,19 +153,21 @@ def main():
     if args.device == "cuda" and ranks > torch.cuda.device_count():
         parser.error(f"-N {ranks} exceeds the {torch.cuda.device_count()} visible GPU(s); one GPU per rank")
     if args.f < 2 or args.n < 1 or args.w < 0 or args.b > args.e:
-        parser.error(f"-f {args.f} -n {args.n} -w {args.w} -b {args.b} -e {args.e}: need f >= 2, n >= 1, w >= 0, b <= e")
+        parser.error(f"-f {args.f} -n {args.n} -w {args.w} -b {args.b} -e {args.e}: "
+                     "need f >= 2, n >= 1, w >= 0, b <= e")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (the lent machines' rule)
 
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(rank_main, args=(ranks, free_port(), args, queue), nprocs=ranks, join=True)
     results = queue.get()
+    backend = "NCCL " + ".".join(map(str, torch.cuda.nccl.version())) if args.device == "cuda" else "gloo"
     doc = {
-        "tool": "fsdp2_allgather_peer", "command": " ".join(sys.argv), "commit": os.environ.get("GTP_COMMIT", "unknown"),
+        "tool": "fsdp2_allgather_peer", "command": " ".join(sys.argv),
+        "commit": os.environ.get("GTP_COMMIT", "unknown"),
         "machine": {"hostname": socket.gethostname(),
                     "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None},
         "torch": torch.__version__, "path": "gpu" if args.device == "cuda" else "host",
-        "transport": (f"torch.distributed {'NCCL ' + '.'.join(map(str, torch.cuda.nccl.version())) if args.device == 'cuda' else 'gloo'}"
-                      f", NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}"),
+        "transport": f"torch.distributed {backend}, NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}",
         "collective": "all_gather", "implementation": "torch.distributed.fsdp.fully_shard unshard()",
         "ranks": ranks, "group": "world", "group_size": ranks, "format": "bf16", "iters": args.n, "warmup": args.w,
         "busbw_factor": bus_bandwidth_factor(ranks),
@@ -176,7 +178,8 @@ def main():
     print(f"# FSDP2 all_gather (fully_shard unshard), {ranks} ranks, {doc['transport']}")
     print(f"# {'size(B)':>12} {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}")
     for r in results:
-        print(f"  {r['size']:>12} {r['time_us']:>10.1f} {r['algbw_gbps']:>11.2f} {r['busbw_gbps']:>11.2f} {r['wrong']:>6}")
+        print(f"  {r['size']:>12} {r['time_us']:>10.1f} {r['algbw_gbps']:>11.2f} {r['busbw_gbps']:>11.2f}"
+              f" {r['wrong']:>6}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

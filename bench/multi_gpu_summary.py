@@ -92,6 +92,7 @@ def collectives(folder, g):
 
 def wires(folder, g):
     out = []
+    fsdp2 = load(folder, f"fsdp2_g{g}.json")
     for wire, target in WIRE_TARGETS.items():
         doc = load(folder, f"ag_wire_{wire}_g{g}.json")
         for size in WIRE_SIZES:
@@ -103,6 +104,9 @@ def wires(folder, g):
                 bf16 = row_at(doc, "nccl", size)
                 entry["bf16_gather_us"] = bf16["time_us"] if bf16 else None
                 entry["target_met"] = row["e2e_ratio_to_bf16"] >= target
+                peer = row_at(fsdp2, "fsdp2", size) if fsdp2 is not None else None
+                if peer:  # perf-anchors: GTP's FP8 gather pipeline >= 1.4x FSDP2's BF16 gather (reference)
+                    entry["fsdp2_us"], entry["vs_fsdp2"] = peer["time_us"], peer["time_us"] / row["e2e_us"]
             out.append(entry)
     return out
 
@@ -187,7 +191,7 @@ def render(s):
     lines += ["", "wire end to end (pack + gather + unpack) vs the BF16 gather of the same weight "
                   "(targets: fp8/mxfp8 >= 1.8x, nvfp4 >= 3x at >= 256 MiB)",
               f"{'wire':<6} {'G':>2} {'size':>8} {'pack':>8} {'gather':>8} {'unpack':>8} {'e2e us':>8}"
-              f" {'BF16 us':>8} {'vs BF16':>7} {'target':>7}"]
+              f" {'BF16 us':>8} {'vs BF16':>7} {'target':>7} {'FSDP2 us':>8} {'vs FSDP2':>8}"]
     for e in s["wires"]:
         if not e["run"]:
             once(lines, f"{e['wire']:<6} {e['group_size']:>2}  not run")
@@ -197,7 +201,8 @@ def render(s):
             continue
         lines.append(f"{e['wire']:<6} {e['group_size']:>2} {mib(e['size']):>8} {e['pack_us']:>8.1f}"
                      f" {e['gather_us']:>8.1f} {e['unpack_us']:>8.1f} {e['e2e_us']:>8.1f} {fmt(e['bf16_gather_us']):>8}"
-                     f" {e['e2e_ratio_to_bf16']:>6.2f}x {verdict(e['target_met']):>7}")
+                     f" {e['e2e_ratio_to_bf16']:>6.2f}x {verdict(e['target_met']):>7} {fmt(e.get('fsdp2_us')):>8}"
+                     f" {fmt(e.get('vs_fsdp2'), '.2f'):>7}x")
     lines += ["", "overlap (gtp-overlap-bench, G = ranks; targets: exposed <= 3 % of step, GTP-on / off <= 1.03)",
               f"{'B':<6} {'G':>2} {'wire':<6} {'prio':<6} {'depth':>5} {'step us':>9} {'exposed %':>9}"
               f" {'overlap %':>9} {'on/off':>6} {'target':>7}"]

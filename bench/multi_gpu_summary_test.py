@@ -51,7 +51,8 @@ class SummaryTest(unittest.TestCase):
         self.write("ag_bf16_g8.json", gtp_bench(ag, 8))
         self.write("ag_bf16_g4.json", gtp_bench([bench_row("nccl", 64 * MIB, 50.0, 4),
                                                  bench_row("gtp_stream", 64 * MIB, 49.0, 4)], 4))
-        self.write("fsdp2_g8.json", gtp_bench([bench_row("fsdp2", 64 * MIB, 80.0, 8)], 8))
+        self.write("fsdp2_g8.json", gtp_bench([bench_row("fsdp2", 64 * MIB, 80.0, 8),
+                                               bench_row("fsdp2", 256 * MIB, 50.0, 8)], 8))
         fp8 = [bench_row("nccl", 256 * MIB, 100.0, 8), wire_row(256 * MIB, 256 * MIB / 1e5, 2.0),
                bench_row("nccl", 1024 * MIB, 100.0, 8), wire_row(1024 * MIB, 1024 * MIB / 1e5, 1.7)]
         self.write("ag_wire_fp8_g8.json", gtp_bench(fp8, 8))
@@ -85,7 +86,8 @@ class SummaryTest(unittest.TestCase):
         self.assertAlmostEqual(ag8[64 * MIB]["gtp_vs_fsdp2"], 97.0 / 80.0)
         self.assertFalse(ag8[256 * MIB]["target_met"])
         self.assertTrue(ag8[1024 * MIB]["target_met"], "the 5 % short row is the 1 GiB point")
-        self.assertNotIn("fsdp2_busbw", ag8[256 * MIB])
+        self.assertAlmostEqual(ag8[256 * MIB]["fsdp2_busbw"], 50.0 * 7 / 8)
+        self.assertNotIn("fsdp2_busbw", ag8[1024 * MIB])
         rs8 = [e for e in s["collectives"] if e["collective"].startswith("reduce") and e["group_size"] == 8]
         self.assertTrue(rs8 and not any(e["run"] for e in rs8))
         wires = {(e["wire"], e["size"]): e for e in s["wires"] if e["group_size"] == 8}
@@ -94,6 +96,9 @@ class SummaryTest(unittest.TestCase):
         self.assertTrue(wires[("nvfp4", 256 * MIB)]["target_met"])
         self.assertAlmostEqual(wires[("fp8", 256 * MIB)]["bf16_gather_us"], 256 * MIB / 1e5)
         self.assertFalse(wires[("mxfp8", 256 * MIB)]["run"])
+        # FSDP2 at 50 GB/s algbw vs the fp8 wire's e2e at 2x a 100 GB/s BF16 gather: 4x
+        self.assertAlmostEqual(wires[("fp8", 256 * MIB)]["vs_fsdp2"], 4.0)
+        self.assertNotIn("vs_fsdp2", wires[("fp8", 1024 * MIB)])
         gtp = [e for e in s["overlap"] if e["run"]]
         self.assertEqual([(e["wire"], e.get("target_met")) for e in gtp],
                          [("bf16", True), ("nvfp4", False), ("fp8", None)], "reference and resident rows skipped")

@@ -24,6 +24,7 @@ for tp in 1 2; do
   "$launcher" -n 4 --timeout 120 -- "$gtp_bench" all_gather --path host --profile "$tmp/profile_tp$tp.json" \
     --group gtp_remat -b 64K -e 128K -n 2 -w 1 -c 1 --json "$tmp/ag_tp$tp.json" || fail "gtp-bench with TP $tp"
   want=$((4 / tp))
-  grep -q "\"group_size\": $want," "$tmp/ag_tp$tp.json" || fail "TP $tp: group_size is not $want: $(head -c 600 "$tmp/ag_tp$tp.json")"
+  grep -q "\"group_size\": $want," "$tmp/ag_tp$tp.json" ||
+    fail "TP $tp: group_size is not $want: $(head -c 600 "$tmp/ag_tp$tp.json")"
 done
 echo "multi_gpu_h200.sh: exit 2 without GPUs, profiles accepted (gtp_remat groups of 4 and 2)"

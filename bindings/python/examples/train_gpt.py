@@ -166,8 +166,8 @@ def init_rank(rank, world, store_dir, config):
     if config["backend"] == "cuda":
         torch.cuda.set_device(rank)
     store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
-    torch.distributed.init_process_group("nccl" if config["backend"] == "cuda" else "gloo", store=store, rank=rank,
-                                         world_size=world)
+    backend = "nccl" if config["backend"] == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world)
     return dict(config, store=store)
 
 
@@ -252,7 +252,8 @@ def launch(world, config, timeout_s=1800, target=rank_main):
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as store_dir:
-        processes = [ctx.Process(target=_entry, args=(target, r, world, store_dir, config, queue)) for r in range(world)]
+        processes = [ctx.Process(target=_entry, args=(target, r, world, store_dir, config, queue))
+                     for r in range(world)]
         for p in processes:
             p.start()
         results = dict(queue.get(timeout=timeout_s) for _ in range(world))
@@ -286,7 +287,7 @@ def main():
     overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w]}
     if args.backend:
         overrides["backend"] = args.backend
-    if args.reshard_to is not None and not 1 <= args.reshard_to:
+    if args.reshard_to is not None and args.reshard_to < 1:
         parser.error(f"--reshard-to {args.reshard_to}: give a number of ranks >= 1")
     if args.reshard_to is not None and not overrides["wires"]:
         parser.error("--reshard-to needs a wire in --wires (the first one's run is checkpointed)")

@@ -4,6 +4,11 @@ BF16, FP8, MXFP8 and NVFP4 wires. N ranks are N processes started here (multipro
 FileStore; no torchrun). CPU: host backend + gloo. GPU: the CUDA backend + NCCL, one GPU per rank.
 Prints a JSON summary: losses per run, parity of GTP-on vs GTP-off. See docs/tutorial.md.
 
+--reshard-to M: the first wire's run also writes every rank's state dict (shards with their offsets);
+they are merged with gtp.torch.consolidate_state_dicts and loaded by M new ranks (G = M), GTP on with
+that wire and GTP off, which both train --reshard-steps more steps: each rank's shards must equal the
+checkpoint's rows, and the losses must agree within the wire's bound.
+
 Parity: every rank reads its own microbatch (GTP peers are data ranks). The GTP-off run averages
 gradients in the order libgtp's host reduce-scatter sums them (gtp.ring_mean), and both runs compute
 with the BF16 weight, so on CPU the BF16-wire losses are bit-identical to GTP off.
@@ -103,8 +108,10 @@ def average_gradients(model, world):
                 p.grad.copy_(ordered_mean(gathered))
 
 
-def train(rank, world, config, wire):
-    """One run: wire None = GTP off. Returns the losses (mean over data ranks) per step and stats."""
+def train(rank, world, config, wire, *, load=None, save=None, first_step=0, steps=None):
+    """One run: wire None = GTP off. load: a full state dict to start from (any G); save: a path for
+    this rank's state dict after the last step. Returns the losses (mean over data ranks) per step,
+    stats, and with load whether every sharded weight holds exactly its rows of the checkpoint."""
     device = torch.device(f"cuda:{rank}") if config["backend"] == "cuda" else torch.device("cpu")
     context = None
     if wire is not None:
@@ -117,12 +124,19 @@ def train(rank, world, config, wire):
 
     torch.manual_seed(config["seed"])  # the same initial weights for every run
     model = GPT(config["vocab"], config["d"], config["heads"], config["layers"], config["seq"], linear).to(device)
+    shards_match = None
+    if load is not None:
+        model.load_state_dict(load)
+        shards_match = all(torch.equal(m.weight.detach().cpu(), load[name + ".weight"][
+            m.weight.geometry.row_start:m.weight.geometry.row_start + m.weight.geometry.valid_rows])
+            for name, m in model.named_modules() if isinstance(m, gt.Linear) and m.sharded)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config["lr"], weight_decay=0.01)
     if context is not None:
         context.attach_optimizer(optimizer)  # re-pack the wire chunks after every step
     data_index = context.sizes.data_parallel_index if context is not None else rank
     losses, start = [], time.perf_counter()
-    for step in range(config["steps"]):
+    steps = config["steps"] if steps is None else steps
+    for step in range(first_step, first_step + steps):
         tokens, targets = batch(step, data_index, config, device)
         logits = model(tokens)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
@@ -134,28 +148,78 @@ def train(rank, world, config, wire):
         torch.distributed.all_gather(gathered, loss.detach())
         losses.append(float(ordered_mean(gathered)))
     seconds = time.perf_counter() - start
+    if save is not None:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, save)
     stats = None
     if context is not None:
         s = context.stats()
         stats = {"materialize": s["materialize"], "grads": s["grads"]}
         context.close()
-    return {"losses": losses, "seconds_per_step": seconds / config["steps"], "stats": stats}
+    result = {"losses": losses, "seconds_per_step": seconds / steps, "stats": stats}
+    if shards_match is not None:
+        result["shards_match_checkpoint"] = shards_match
+    return result
+
+
+def init_rank(rank, world, store_dir, config):
+    torch.set_num_threads(1)
+    if config["backend"] == "cuda":
+        torch.cuda.set_device(rank)
+    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
+    backend = "nccl" if config["backend"] == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world)
+    return dict(config, store=store)
+
+
+def checkpoint_path(config, rank):
+    return os.path.join(config["checkpoint_dir"], f"rank{rank}.pt")
 
 
 def rank_main(rank, world, store_dir, config):
-    torch.set_num_threads(1)
-    backend = config["backend"]
-    if backend == "cuda":
-        torch.cuda.set_device(rank)
-    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
-    torch.distributed.init_process_group("nccl" if backend == "cuda" else "gloo", store=store, rank=rank,
-                                         world_size=world)
-    config = dict(config, store=store)
+    config = init_rank(rank, world, store_dir, config)
     results = {"off": train(rank, world, config, None)}
-    for wire in config["wires"]:
-        results[wire] = train(rank, world, config, wire)
+    for i, wire in enumerate(config["wires"]):
+        save = checkpoint_path(config, rank) if config.get("checkpoint_dir") and i == 0 else None
+        results[wire] = train(rank, world, config, wire, save=save)
     torch.distributed.destroy_process_group()
     return results
+
+
+def reshard_main(rank, world, store_dir, config):
+    """G = world ranks resume from the merged checkpoint, GTP off and GTP on with the first wire."""
+    config = init_rank(rank, world, store_dir, config)
+    full = torch.load(os.path.join(config["checkpoint_dir"], "full.pt"))
+    kwargs = {"load": full, "first_step": config["steps"], "steps": config["reshard_steps"]}
+    results = {"off": train(rank, world, config, None, **kwargs),
+               "on": train(rank, world, config, config["wires"][0], **kwargs)}
+    torch.distributed.destroy_process_group()
+    return results
+
+
+def reshard(world, config, to_ranks):
+    """Merges the `world` ranks' state dicts of the first wire's run, then resumes on `to_ranks`."""
+    states = [torch.load(checkpoint_path(config, r)) for r in range(world)]
+    torch.save(gt.consolidate_state_dicts(states), os.path.join(config["checkpoint_dir"], "full.pt"))
+    return launch(to_ranks, config, target=reshard_main)
+
+
+def wire_bound(wire, backend):
+    return GPU_BF16_BOUND if wire == "bf16" and backend == "cuda" else LOSS_BOUNDS[wire]
+
+
+def max_relative_gap(losses, reference):
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, reference))
+
+
+def summarize_reshard(results, config, from_ranks, to_ranks):
+    """The resumed runs at G = to_ranks: shards equal the checkpoint's rows, GTP on within the first
+    wire's bound of GTP off."""
+    wire, off, on = config["wires"][0], results["off"]["losses"], results["on"]["losses"]
+    gap, bound = max_relative_gap(on, off), wire_bound(wire, config["backend"])
+    return {"from_g": from_ranks, "to_g": to_ranks, "wire": wire, "first_step": config["steps"],
+            "steps": config["reshard_steps"], "shards_match_checkpoint": results["on"]["shards_match_checkpoint"],
+            "off_losses": off, "on_losses": on, "bit_identical_to_off": on == off, "max_relative_loss_gap": gap,
+            "bound": bound, "within_bound": gap <= bound}
 
 
 def summarize(results, config):
@@ -164,32 +228,32 @@ def summarize(results, config):
     ok = True
     for wire in config["wires"]:
         losses = results[wire]["losses"]
-        gap = max(abs(a - b) / abs(b) for a, b in zip(losses, off))
-        bound = LOSS_BOUNDS[wire] if not (wire == "bf16" and config["backend"] == "cuda") else GPU_BF16_BOUND
+        gap, bound = max_relative_gap(losses, off), wire_bound(wire, config["backend"])
         within = gap <= bound
         ok &= within
         runs[wire] = {"first_loss": losses[0], "last_loss": losses[-1], "bit_identical_to_off": losses == off,
                       "max_relative_loss_gap": gap, "bound": bound, "within_bound": within, **results[wire]}
-    summary = {k: v for k, v in config.items() if k != "store"}
+    summary = {k: v for k, v in config.items() if k not in ("store", "checkpoint_dir")}
     summary.update({"runs": runs, "parity_ok": ok, "loss_decreased": off[-1] < off[0]})
     return summary
 
 
-def _entry(rank, world, store_dir, config, queue):
+def _entry(target, rank, world, store_dir, config, queue):
     try:
-        queue.put((rank, rank_main(rank, world, store_dir, config)))
+        queue.put((rank, target(rank, world, store_dir, config)))
     except BaseException as e:  # noqa: BLE001
         import traceback
         queue.put((rank, RuntimeError(f"rank {rank}: {e}\n{traceback.format_exc()}")))
         raise
 
 
-def launch(world, config, timeout_s=1800):
-    """Runs rank_main on `world` processes; returns rank 0's results."""
+def launch(world, config, timeout_s=1800, target=rank_main):
+    """Runs target (rank_main) on `world` processes; returns rank 0's results."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as store_dir:
-        processes = [ctx.Process(target=_entry, args=(r, world, store_dir, config, queue)) for r in range(world)]
+        processes = [ctx.Process(target=_entry, args=(target, r, world, store_dir, config, queue))
+                     for r in range(world)]
         for p in processes:
             p.start()
         results = dict(queue.get(timeout=timeout_s) for _ in range(world))
@@ -215,13 +279,28 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--wires", default="bf16,fp8,mxfp8,nvfp4")
     parser.add_argument("--backend", choices=["host", "cuda"], default=None, help="default: cuda if a GPU is seen")
+    parser.add_argument("--reshard-to", type=int, default=None, metavar="M",
+                        help="also resume the first wire's checkpoint at G = M (e.g. ranks / 2), GTP on and off")
+    parser.add_argument("--reshard-steps", type=int, default=10, help="steps trained after the re-shard load")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args()
     overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w]}
     if args.backend:
         overrides["backend"] = args.backend
+    if args.reshard_to is not None and args.reshard_to < 1:
+        parser.error(f"--reshard-to {args.reshard_to}: give a number of ranks >= 1")
+    if args.reshard_to is not None and not overrides["wires"]:
+        parser.error("--reshard-to needs a wire in --wires (the first one's run is checkpointed)")
     config = default_config(**overrides, ranks=args.ranks)
-    summary = summarize(launch(args.ranks, config), config)
+    if args.reshard_to is None:
+        summary = summarize(launch(args.ranks, config), config)
+    else:
+        with tempfile.TemporaryDirectory() as checkpoint_dir:
+            config.update(checkpoint_dir=checkpoint_dir, reshard_steps=args.reshard_steps)
+            summary = summarize(launch(args.ranks, config), config)
+            summary["reshard"] = summarize_reshard(reshard(args.ranks, config, args.reshard_to), config, args.ranks,
+                                                   args.reshard_to)
+        summary["parity_ok"] &= summary["reshard"]["within_bound"] and summary["reshard"]["shards_match_checkpoint"]
     text = json.dumps(summary, indent=1)
     print(text)
     if args.json:

@@ -89,6 +89,19 @@ def test_tiny_gpt_gtp_on_bf16_is_bit_identical_to_gtp_off():
     assert summary["runs"]["bf16"]["stats"]["grads"]["reduce_scatters"] > 0
 
 
+def test_gpt_example_checkpoint_resumes_at_half_the_ranks(tmp_path):
+    """train_gpt.py --reshard-to: G = 2's BF16 checkpoint, merged, resumed at G = 1 GTP on and off."""
+    import train_gpt
+    config = train_gpt.default_config(steps=3, wires=["bf16"], layers=1, backend="host",
+                                      checkpoint_dir=str(tmp_path), reshard_steps=2)
+    summary = train_gpt.summarize(train_gpt.launch(2, config, timeout_s=400), config)
+    resumed = train_gpt.summarize_reshard(train_gpt.reshard(2, config, 1), config, 2, 1)
+    assert resumed["shards_match_checkpoint"] and resumed["bit_identical_to_off"], resumed
+    assert len(resumed["on_losses"]) == 2
+    # Resumed from the trained weights, not from the initial ones: below the first step's loss.
+    assert resumed["off_losses"][0] < summary["runs"]["off"]["first_loss"], (resumed, summary["runs"]["off"])
+
+
 def _model(context):
     torch.manual_seed(11)
     return torch.nn.Sequential(gt.Linear(IN, OUT, context=context), torch.nn.GELU(), torch.nn.Linear(OUT, 16))

@@ -280,6 +280,7 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
     }
   }
   const int c = chain_index(phase, chunk);
+  head_deferred_ = false;  // the step began without the deferred head: it is gathered on demand
   join_capture(stream);
   const bool recording = chains_[c].recording();
   const Chain::Consume consumed = chains_[c].consume(key);
@@ -355,8 +356,13 @@ void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch
   if (trace_.enabled()) trace_.add("finalize " + registry_.get(ids[0]).desc.name, "grads", start);
 }
 
-void Runtime::drain(Stream stream) {
+void Runtime::drain(Stream stream, Head head) {
   const bool captured = backend_.capturing(stream);
+  if (captured && head == Head::kAfterShardUpdate) {
+    throw std::invalid_argument(
+        "drain under CUDA graph capture cannot defer the next step's head to shard_updated (shard_updated is not "
+        "captured); capture drains with the head prefetched at drain");
+  }
   join_capture(stream);
   grads_.drain(stream);
   for (Chain& chain : chains_) chain.end_step();
@@ -368,9 +374,9 @@ void Runtime::drain(Stream stream) {
   schedule_in_sync_ = true;
   // The next step's head, prefetched across the step boundary: the schedule's first entries (the
   // forward chain of chunk 0 while no schedule is recorded).
-  const int head = chain_index(Phase::kForward, 0);
-  active_chain_ = head;
-  refill(head);
+  active_chain_ = chain_index(Phase::kForward, 0);
+  head_deferred_ = head == Head::kAfterShardUpdate;
+  if (!head_deferred_) refill(active_chain_);
   std::vector<std::int64_t> now = boundary();
   if (captured) {
     // Every fork joins the capturing stream, and each replay must leave the head where the next reads it.
@@ -399,6 +405,11 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
     fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
     ++stats_.stale_prefetches;
   }
+  if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
+    head_deferred_ = false;
+    refill(active_chain_);
+    boundary_ = boundary();
+  }
 }
 
 void Runtime::unregister_weight(WeightId id) {
@@ -425,6 +436,7 @@ void Runtime::unregister_weight(WeightId id) {
 
 void Runtime::reset_chains() {
   for (Chain& chain : chains_) chain.reset();
+  head_deferred_ = false;
   schedule_.clear();
   schedule_recording_ = true;
   schedule_position_ = 0;

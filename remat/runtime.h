@@ -94,7 +94,14 @@ class Runtime {
   // and every chain ends its step (the first drain closes recording). Under CUDA graph capture the
   // next step's head prefetch is joined into `stream` too, and the step must end with the cache state
   // it began with (std::invalid_argument otherwise): see docs/remat.md, CUDA graphs.
-  void drain(Stream stream);
+  //
+  // `head`: kAtDrain prefetches the next step's head here. kAfterShardUpdate defers it to the next
+  // shard_updated, after the re-pack, for the usual flow drain -> optimizer step -> shard_updated,
+  // where a head gathered at drain would be gathered again from the new shards (stale_prefetches);
+  // a materialize or reset_chains before that shard_updated cancels the deferral (the head is then
+  // gathered on demand). Not under CUDA graph capture (std::invalid_argument).
+  enum class Head { kAtDrain, kAfterShardUpdate };
+  void drain(Stream stream, Head head = Head::kAtDrain);
   // Forgets every chain (in-process model rebuild) and drops prefetched slots.
   void reset_chains();
 
@@ -146,6 +153,7 @@ class Runtime {
   std::vector<WeightStats> weight_stats_;  // indexed by id
   Trace trace_;
   std::vector<std::int64_t> boundary_;  // boundary() after the latest drain
+  bool head_deferred_ = false;          // drain(.., kAfterShardUpdate): shard_updated prefetches the head
 };
 
 }  // namespace gtp::remat

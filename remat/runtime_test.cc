@@ -346,6 +346,51 @@ TEST(Runtime, StepScheduleLooksAheadAcrossChainsAndResyncsAfterADeparture) {
   });
 }
 
+// drain(.., kAfterShardUpdate): the next step's head is gathered after the optimizer's re-pack
+// instead of at drain and again at shard_updated; without a shard_updated the first consume of the
+// step gathers it on demand.
+TEST(Runtime, DeferringTheHeadToShardUpdatedGathersItOnceFromTheNewShards) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    for (const Runtime::Head head : {Runtime::Head::kAtDrain, Runtime::Head::kAfterShardUpdate}) {
+      HostBackend backend({&comm});
+      RuntimeConfig config;
+      config.depth = 2;
+      Runtime runtime(backend, config);
+      std::vector<std::vector<std::uint16_t>> shards;
+      shards.reserve(3);
+      const std::vector<WeightId> ids = register_model(runtime, comm, shards);
+      auto step = [&] {
+        for (int l : {0, 1, 2}) use_layer(runtime, ids, l, Phase::kForward, 0);
+        for (int l : {2, 1, 0}) use_layer(runtime, ids, l, Phase::kBackward, 0);
+        runtime.drain(nullptr, head);
+        runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), nullptr);  // the optimizer step
+      };
+      step();  // records
+      const RuntimeStats recorded = runtime.stats();
+      for (int i = 0; i < 3; ++i) step();
+      const RuntimeStats s = runtime.stats();
+      EXPECT_EQ(s.exposed_gathers, recorded.exposed_gathers) << "the head is prefetched either way";
+      EXPECT_EQ(s.prefetch_hits, 18);
+      const std::int64_t regathers = head == Runtime::Head::kAtDrain ? 2 * 4 : 0;  // depth per step
+      EXPECT_EQ(s.stale_prefetches, regathers);
+
+      if (head == Runtime::Head::kAfterShardUpdate) {
+        // A step ending in a deferring drain with no shard_updated after it: the next step's head is
+        // gathered on demand, the rest is prefetched as usual.
+        for (int l : {0, 1, 2}) use_layer(runtime, ids, l, Phase::kForward, 0);
+        for (int l : {2, 1, 0}) use_layer(runtime, ids, l, Phase::kBackward, 0);
+        runtime.drain(nullptr, head);
+        const RuntimeStats before = runtime.stats();
+        EXPECT_EQ(before.exposed_gathers, s.exposed_gathers);
+        use_layer(runtime, ids, 0, Phase::kForward, 0);
+        EXPECT_EQ(runtime.stats().exposed_gathers, before.exposed_gathers + 1);
+        for (int l : {1, 2}) use_layer(runtime, ids, l, Phase::kForward, 0);
+        EXPECT_EQ(runtime.stats().prefetch_hits, before.prefetch_hits + 2);
+      }
+    }
+  });
+}
+
 TEST(Runtime, StatsJsonAndChromeTraceDescribeWhatHappened) {
   on_ranks(2, [](comm::HostComm& comm) {
     HostBackend backend({&comm});

@@ -674,6 +674,16 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
   return on_context(ctx, "gtp_drain", [&] { ctx->runtime->drain(stream); });
 }
 
+gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream) {
+  return on_context(ctx, "gtp_drain_ex", [&] {
+    if ((flags & ~GTP_DRAIN_DEFER_HEAD) != 0) {
+      require(false, "flags " + std::to_string(flags) + " has unknown bits; use 0 or GTP_DRAIN_DEFER_HEAD");
+    }
+    ctx->runtime->drain(stream, (flags & GTP_DRAIN_DEFER_HEAD) != 0 ? gtp::remat::Runtime::Head::kAfterShardUpdate
+                                                                    : gtp::remat::Runtime::Head::kAtDrain);
+  });
+}
+
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx) {
   return on_context(ctx, "gtp_reset_chains", [&] { ctx->runtime->reset_chains(); });
 }

@@ -106,8 +106,11 @@ int main(void) {
   CHECK_STATUS(gtp_grad_buffer(ctx, w, &grad, NULL), GTP_SUCCESS, ctx);
   for (i = 0; grad != NULL && i < ROWS * COLS; ++i) grad[i] = (float)i;
   CHECK_STATUS(gtp_finalize(ctx, &w, 1, 1, NULL), GTP_SUCCESS, ctx);
-  CHECK_STATUS(gtp_drain(ctx, NULL), GTP_SUCCESS, ctx);
+  CHECK_STATUS(gtp_drain_ex(ctx, 4u, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+  CHECK(strstr(gtp_last_error(ctx), "flags 4") != NULL);
+  CHECK_STATUS(gtp_drain_ex(ctx, GTP_DRAIN_DEFER_HEAD, NULL), GTP_SUCCESS, ctx);
   for (i = 0; i < ROWS * COLS; ++i) CHECK(main_grad[i] == (float)i);
+  CHECK_STATUS(gtp_weights_shard_updated(ctx, &w, 1, NULL), GTP_SUCCESS, ctx); /* prefetches the head */
 
   CHECK_STATUS(gtp_stats_json(ctx, stats, 1, &len), GTP_ERROR_INVALID_ARGUMENT, ctx);
   CHECK(len > 1 && len < sizeof stats);

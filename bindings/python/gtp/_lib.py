@@ -30,6 +30,9 @@ LAYOUT_BF16, LAYOUT_GEMM = 0, 1
 # gtp_elem_t: element types of a materialized section
 ELEM_NONE, ELEM_BF16, ELEM_E4M3, ELEM_E2M1, ELEM_E8M0, ELEM_FP32 = 0, 1, 2, 3, 4, 5
 
+# gtp_drain_ex flags
+DRAIN_DEFER_HEAD = 1
+
 # gtp_bootstrap_result_t and the vtable version of comm/bootstrap_callbacks.h
 BOOTSTRAP_OK, BOOTSTRAP_ERROR, BOOTSTRAP_TIMEOUT = 0, 1, 2
 BOOTSTRAP_CALLBACKS_VERSION = 1
@@ -146,6 +149,7 @@ def _declare(lib):
         "gtp_grad_buffer": (c_status, [vp, w, P(P(ctypes.c_float)), vp]),
         "gtp_finalize": (c_status, [vp, P(w), sz, ctypes.c_int32, vp]),
         "gtp_drain": (c_status, [vp, vp]),
+        "gtp_drain_ex": (c_status, [vp, ctypes.c_uint32, vp]),
         "gtp_reset_chains": (c_status, [vp]),
         "gtp_stats_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),
         "gtp_trace_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),

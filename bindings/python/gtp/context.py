@@ -454,9 +454,11 @@ class Context:
         handles, n = self._handles(weights)
         self._call("gtp_finalize", handles, n, 1 if last_microbatch else 0, _stream(stream))
 
-    def drain(self, stream=None):
-        """End-of-backward fence: pending main-grad adds (and grad_ready), chains end their step."""
-        self._call("gtp_drain", _stream(stream))
+    def drain(self, stream=None, defer_head=False):
+        """End-of-backward fence: pending main-grad adds (and grad_ready), chains end their step.
+        defer_head: the next step's first weights are prefetched by the next shard_updated (after the
+        optimizer's re-pack) instead of here, so they are gathered once, from the new shards."""
+        self._call("gtp_drain_ex", _lib.DRAIN_DEFER_HEAD if defer_head else 0, _stream(stream))
 
     def reset_chains(self):
         self._call("gtp_reset_chains")

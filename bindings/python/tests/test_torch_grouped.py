@@ -89,32 +89,44 @@ def test_grouped_views_are_tensors_aliasing_the_sections(tmp_path):
         layer.weight0.release_group()
 
 
-def test_optimizer_step_regathers_the_head_that_drain_prefetched(tmp_path):
-    """drain prefetches the next step's head (depth entries) from the pre-step shards; the optimizer
-    hook's shard_updated re-gathers them (stale_prefetches += depth per step): correct, but one wasted
-    gather per head entry that gtp.torch cannot avoid through the C ABI (docs/python.md says what
-    runtime change would). When that change lands, this count drops to 0."""
+@pytest.mark.parametrize("microbatches", [0, 1, 2])
+def test_the_head_is_gathered_once_per_step_when_the_optimizer_is_attached(tmp_path, microbatches):
+    """With attach_optimizer(.., microbatches=N) the drain ending each optimizer step defers the next
+    step's head (depth entries) to the optimizer hook's shard_updated: gathered once, from the updated
+    shards (stale_prefetches stays 0), while the other drains keep prefetching it. Without (0: plain
+    drains, re-pack called by hand) drain prefetches the head from the old shards and shard_updated
+    re-gathers it (stale_prefetches += depth per step). All correct; the head is always prefetched."""
     depth = 2
+    backwards = max(microbatches, 1)
     with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, prefetch_depth=depth) as ctx:
         torch.manual_seed(6)
         sharded = torch.nn.Sequential(*[gt.Linear(IN, IN, context=ctx) for _ in range(3)])
         torch.manual_seed(6)
         plain = torch.nn.Sequential(*[gt.Linear(IN, IN) for _ in range(3)])
         optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (sharded, plain)]
-        ctx.attach_optimizer(optimizers[0])
+        if microbatches:
+            ctx.attach_optimizer(optimizers[0], microbatches=microbatches)
         stale = []
         for step in range(3):
-            x = torch.randn(4, IN, generator=torch.Generator().manual_seed(step))
-            outputs = [m(x) for m in (sharded, plain)]
-            assert torch.equal(outputs[0], outputs[1]), f"step {step}: the re-gathered head holds the updated weights"
-            for out, optimizer in zip(outputs, optimizers):
-                out.square().sum().backward()
+            for micro in range(backwards):
+                x = torch.randn(4, IN, generator=torch.Generator().manual_seed(10 * step + micro))
+                outputs = [m(x) for m in (sharded, plain)]
+                assert torch.equal(outputs[0], outputs[1]), f"step {step}: the head holds the updated weights"
+                for out in outputs:
+                    out.square().sum().backward()
+            for optimizer in optimizers:
                 optimizer.step()
                 optimizer.zero_grad()
+            if not microbatches:
+                ctx.shard_updated()
             stale.append(ctx.stats()["materialize"]["stale_prefetches"])
         counters = ctx.stats()["materialize"]
-        assert stale == [depth, 2 * depth, 3 * depth]
-        assert counters["exposed_gathers"] == 6 and counters["prefetch_hits"] == 12, counters  # step 1 records
+        assert stale == ([0, 0, 0] if microbatches else [depth, 2 * depth, 3 * depth])
+        # The first drain period (one backward) records; every later consume is a prefetch hit.
+        assert counters["exposed_gathers"] == 6, counters
+        assert counters["prefetch_hits"] == 6 * (3 * backwards - 1), counters
+    with pytest.raises(ValueError, match="microbatches=0"):
+        ctx.attach_optimizer(optimizers[0], microbatches=0)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")

@@ -203,6 +203,11 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
 gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, int32_t last_microbatch,
                           cudaStream_t stream);
 gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
+/* gtp_drain with flags (0 = gtp_drain). GTP_DRAIN_DEFER_HEAD: the next step's first weights are
+ * prefetched by the next gtp_weights_shard_updated, after the optimizer's re-pack, instead of here
+ * (where they would be gathered from the old shards and again at shard_updated). */
+#define GTP_DRAIN_DEFER_HEAD 1u
+gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream);
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
 
 /* JSON text with its terminating NUL. *len gets the length without the NUL; when cap <= *len the

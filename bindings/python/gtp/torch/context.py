@@ -79,6 +79,8 @@ class Context(core.Context):
         self.auto_drain = auto_drain
         self._ready = []            # parameters whose main-grad add ran since the last drain
         self._drain_queued = False
+        self._drains_per_step = 0  # attach_optimizer's microbatches; 0: no optimizer attached
+        self._drains = 0
         self.parameters = []        # every ShardedParameter registered on this context
 
     def stream(self):
@@ -117,11 +119,17 @@ class Context(core.Context):
             self._drain_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.drain)
 
-    def drain(self, stream=None):
+    def drain(self, stream=None, defer_head=None):
         """End of backward: applies pending main-grad adds, then moves each ready shard's main_grad into
-        its .grad (added to what is there; main_grad is zeroed), ordered on the current stream."""
+        its .grad (added to what is there; main_grad is zeroed), ordered on the current stream.
+        defer_head leaves the next step's head to the next shard_updated, so it is gathered once, from
+        the updated shards. Default: on the drain that ends each optimizer step once attach_optimizer
+        was called (every `microbatches`-th drain), else off."""
         self._drain_queued = False
-        super().drain(self.stream() if stream is None else stream)
+        if defer_head is None:
+            self._drains += 1
+            defer_head = self._drains_per_step > 0 and self._drains % self._drains_per_step == 0
+        super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
         ready, self._ready = self._ready, []
         for param in dict.fromkeys(ready):  # once each, in ready order
             if param.grad is None:
@@ -137,6 +145,12 @@ class Context(core.Context):
         super().shard_updated([getattr(w, "gtp_weight", w) for w in items],
                               self.stream() if stream is None else stream)
 
-    def attach_optimizer(self, optimizer):
-        """After every optimizer.step(), re-pack this context's shards (collective: every rank steps)."""
+    def attach_optimizer(self, optimizer, microbatches=1):
+        """After every optimizer.step(), re-pack this context's shards (collective: every rank steps).
+        microbatches: backward passes (drains) per optimizer step; the last drain of each step defers
+        the next step's head to that re-pack (see drain), the others keep prefetching it."""
+        if microbatches < 1:
+            raise ValueError(f"microbatches={microbatches} must be at least 1 (backward passes per optimizer step)")
+        self._drains_per_step = microbatches
+        self._drains = 0
         return optimizer.register_step_post_hook(lambda *_: self.shard_updated())

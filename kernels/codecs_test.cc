@@ -123,7 +123,9 @@ TEST(E8M0, RceilIsTheSmallestPowerOfTwoAtOrAboveAmaxOver448) {
     }
     const double scale = std::ldexp(1.0, e - 127);
     ASSERT_GE(scale, static_cast<double>(v)) << amax;
-    if (e > 0 && v > std::ldexp(1.0, -127)) ASSERT_LT(scale / 2, static_cast<double>(v)) << amax;
+    if (e > 0 && v > std::ldexp(1.0, -127)) {
+      ASSERT_LT(scale / 2, static_cast<double>(v)) << amax;
+    }
   }
   EXPECT_EQ(e8m0_rceil(0.0f), 0);
   EXPECT_EQ(e8m0_rceil(448.0f), 127);          // exactly 1

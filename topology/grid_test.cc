@@ -225,7 +225,9 @@ TEST_P(GridProperties, EverySubsetOfDims) {
       for (int member : members) {
         const std::vector<int> c = grid.coords(member);
         for (size_t i = 0; i < shape.size(); ++i)
-          if (!requested[i]) ASSERT_EQ(c[i], first[i]);
+          if (!requested[i]) {
+            ASSERT_EQ(c[i], first[i]);
+          }
         ASSERT_EQ(grid.group_of(member, dims), members);
       }
     }

@@ -285,6 +285,9 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   const bool recording = chains_[c].recording();
   const Chain::Consume consumed = chains_[c].consume(key);
   follow_schedule(c, recording ? chains_[c].length() - 1 : consumed.position);
+  // A chain first used after the schedule was recorded (say, recompute switched on) is not in it:
+  // record the schedule again over the next step.
+  if (recording && !schedule_recording_) schedule_rerecord_ = true;
   int index = consumed.position >= 0 ? cache_.find_prefetched(c, consumed.position) : -1;
   if (index >= 0 && cache_.slot(index).versions != versions(key)) {
     cache_.drop(index);  // shard_updated re-gathers prefetched slots, so this is only a safety net
@@ -366,7 +369,13 @@ void Runtime::drain(Stream stream, Head head) {
   join_capture(stream);
   grads_.drain(stream);
   for (Chain& chain : chains_) chain.end_step();
-  if (schedule_recording_ && !schedule_.empty()) schedule_recording_ = false;
+  if (schedule_rerecord_) {
+    schedule_.clear();
+    schedule_recording_ = true;
+    schedule_rerecord_ = false;
+  } else if (schedule_recording_ && !schedule_.empty()) {
+    schedule_recording_ = false;
+  }
   if (!schedule_recording_ && schedule_position_ != 0 && schedule_position_ != static_cast<std::int64_t>(schedule_.size())) {
     ++schedule_mismatches_;  // the step ended inside the schedule
   }
@@ -441,6 +450,7 @@ void Runtime::reset_chains() {
   schedule_recording_ = true;
   schedule_position_ = 0;
   schedule_in_sync_ = false;
+  schedule_rerecord_ = false;
   cache_.drop_all_prefetched();
   active_chain_ = -1;
 }

@@ -149,6 +149,7 @@ class Runtime {
   std::int64_t schedule_position_ = 0;
   bool schedule_in_sync_ = false;
   std::int64_t schedule_mismatches_ = 0;
+  bool schedule_rerecord_ = false;  // a chain recorded after the schedule closed: record it again
   RuntimeStats stats_;
   std::vector<WeightStats> weight_stats_;  // indexed by id
   Trace trace_;

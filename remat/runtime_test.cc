@@ -343,6 +343,32 @@ TEST(Runtime, StepScheduleLooksAheadAcrossChainsAndResyncsAfterADeparture) {
     s = runtime.stats();
     EXPECT_EQ(s.schedule_mismatches, 1);
     EXPECT_EQ(s.prefetch_hits, hits + 14);
+
+    // A chain first used now (layer 1 recomputed): the schedule is recorded again over the next step,
+    // then every consume is a hit once more.
+    auto microbatch_with_recompute = [&] {
+      use(0, Phase::kForward, 0);
+      use(1, Phase::kForward, 0);
+      use(2, Phase::kForward, 1);
+      use(2, Phase::kRecompute, 1);
+      use(2, Phase::kBackward, 1);
+      use(1, Phase::kRecompute, 0);
+      use(1, Phase::kBackward, 0);
+      use(0, Phase::kBackward, 0);
+    };
+    auto step_with_recompute = [&] {
+      for (int m = 0; m < 2; ++m) microbatch_with_recompute();
+      runtime.drain(nullptr);
+    };
+    step_with_recompute();  // the new chain records; the schedule is out of date
+    step_with_recompute();  // the schedule records again
+    const RuntimeStats rerecorded = runtime.stats();
+    step_with_recompute();
+    s = runtime.stats();
+    EXPECT_EQ(s.schedule_mismatches, rerecorded.schedule_mismatches);
+    EXPECT_EQ(s.exposed_gathers, rerecorded.exposed_gathers);
+    EXPECT_EQ(s.prefetch_hits, rerecorded.prefetch_hits + 16);
+    EXPECT_EQ(nlohmann::json::parse(runtime.stats_json())["chains"]["schedule_entries"], 16);
   });
 }
 

@@ -20,6 +20,12 @@ std::string to_string(ScaleRounding rounding) {
 
 std::string to_string(Nvfp4Blocks blocks) { return blocks == Nvfp4Blocks::k1D ? "1d" : "2d"; }
 
+std::string to_string(const WireSpec& spec) {
+  if (spec.format == WireFormat::kMXFP8) return "mxfp8 (" + to_string(spec.mx_rounding) + ")";
+  if (spec.format == WireFormat::kNVFP4) return "nvfp4 (" + to_string(spec.nvfp4_blocks) + ")";
+  return to_string(spec.format);
+}
+
 std::string to_string(SourceDtype dtype) { return dtype == SourceDtype::kBF16 ? "bf16" : "fp32"; }
 
 WireFormat parse_wire_format(const std::string& name) {

@@ -23,7 +23,14 @@ struct WireSpec {
   WireFormat format = WireFormat::kBF16;
   ScaleRounding mx_rounding = ScaleRounding::kRceil;
   Nvfp4Blocks nvfp4_blocks = Nvfp4Blocks::k1D;
+
+  // Same bytes for the same shard: every field, so a new field cannot be forgotten by a caller.
+  bool operator==(const WireSpec& o) const {
+    return format == o.format && mx_rounding == o.mx_rounding && nvfp4_blocks == o.nvfp4_blocks;
+  }
+  bool operator!=(const WireSpec& o) const { return !(*this == o); }
 };
+std::string to_string(const WireSpec& spec);  // "mxfp8 (floor)", "nvfp4 (2d)", "fp8"
 
 // Every section of a chunk starts on this boundary and the chunk size is a multiple of it.
 inline constexpr int64_t kSectionAlignment = 256;

@@ -82,10 +82,13 @@ WeightId Registry::add(const WeightDesc& desc) {
       throw std::invalid_argument(quoted(desc) + ": expert_leader " + std::to_string(desc.expert_leader) +
                                   " is itself an expert; name the group's first weight");
     }
-    if (leader.desc.group != desc.group || leader.desc.wire.format != desc.wire.format ||
-        leader.desc.dtype != desc.dtype || leader.desc.rows != desc.rows || leader.desc.cols != desc.cols) {
+    // The whole WireSpec: experts are gathered and unpacked as one batch with the leader's spec.
+    if (leader.desc.group != desc.group || leader.desc.wire != desc.wire || leader.desc.dtype != desc.dtype ||
+        leader.desc.rows != desc.rows || leader.desc.cols != desc.cols) {
       throw std::invalid_argument(quoted(desc) + ": an expert must match its leader '" + leader.desc.name +
-                                  "' in group, dtype, wire format, rows and cols");
+                                  "' in group, dtype, wire format (with its NVFP4 block shape and MXFP8 rounding), "
+                                  "rows and cols; this expert's wire is " + kernels::to_string(desc.wire) +
+                                  ", the leader's " + kernels::to_string(leader.desc.wire));
     }
   }
   weight.chunk = backend_.allocate(weight.layout.chunk_bytes);

@@ -570,6 +570,19 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
             "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
     d.wire.format = wire == GTP_WIRE_FROM_GROUP ? ctx->group_wire[group] : static_cast<gtp::kernels::WireFormat>(wire);
+    const std::string resolved = gtp::kernels::to_string(d.wire.format);
+    require(desc->mx_rounding == GTP_MX_ROUNDING_RCEIL || desc->mx_rounding == GTP_MX_ROUNDING_FLOOR,
+            "mx_rounding " + std::to_string(desc->mx_rounding) +
+                " is unknown; use GTP_MX_ROUNDING_RCEIL (TransformerEngine) or GTP_MX_ROUNDING_FLOOR (OCP MX v1.0)");
+    require(desc->nvfp4_2d == 0 || d.wire.format == gtp::kernels::WireFormat::kNVFP4,
+            "nvfp4_2d is " + std::to_string(desc->nvfp4_2d) + " but the wire is " + resolved +
+                "; 16x16 blocks exist for the nvfp4 wire only: set nvfp4_2d = 0 or wire = GTP_WIRE_NVFP4");
+    if (desc->nvfp4_2d != 0) d.wire.nvfp4_blocks = gtp::kernels::Nvfp4Blocks::k2D;
+    // Other wires ignore the rounding; keeping their spec at the default keeps expert-leader equality
+    // about what the bytes depend on.
+    if (d.wire.format == gtp::kernels::WireFormat::kMXFP8 && desc->mx_rounding == GTP_MX_ROUNDING_FLOOR) {
+      d.wire.mx_rounding = gtp::kernels::ScaleRounding::kFloor;
+    }
     d.group = group;
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -176,15 +177,21 @@ float gemm_source(int expert, int64_t row, int64_t col) {  // exact in BF16, so 
 
 TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
   using gtp::kernels::WireFormat;
+  using gtp::kernels::Nvfp4Blocks;
+  using gtp::kernels::ScaleRounding;
   struct Wire {
     gtp_wire_t wire;
     gtp::kernels::WireSpec spec;
+    int32_t nvfp4_2d = 0;
+    int32_t mx_rounding = GTP_MX_ROUNDING_RCEIL;
   };
-  // NVFP4 through the C ABI is 1D (the descriptor has no block-shape field yet).
-  const std::vector<Wire> wires = {{GTP_WIRE_FP8, {WireFormat::kFP8}},
-                                   {GTP_WIRE_MXFP8, {WireFormat::kMXFP8}},
-                                   {GTP_WIRE_NVFP4, {WireFormat::kNVFP4}},
-                                   {GTP_WIRE_BF16, {WireFormat::kBF16}}};
+  const std::vector<Wire> wires = {
+      {GTP_WIRE_FP8, {WireFormat::kFP8}},
+      {GTP_WIRE_MXFP8, {WireFormat::kMXFP8}},
+      {GTP_WIRE_MXFP8, {WireFormat::kMXFP8, ScaleRounding::kFloor}, 0, GTP_MX_ROUNDING_FLOOR},
+      {GTP_WIRE_NVFP4, {WireFormat::kNVFP4}},
+      {GTP_WIRE_NVFP4, {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D}, 1},
+      {GTP_WIRE_BF16, {WireFormat::kBF16}}};
   constexpr int kWorld = 2, kExperts = 2;
   constexpr int64_t rows = 40, cols = 64;
   on_ranks(kWorld, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
@@ -205,6 +212,8 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
         desc.rows = rows;
         desc.cols = cols;
         desc.wire = wire.wire;
+        desc.nvfp4_2d = wire.nvfp4_2d;
+        desc.mx_rounding = wire.mx_rounding;
         desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
         desc.expert_leader = e == 0 ? nullptr : &experts[0];
         ASSERT_EQ(gtp_weight_register(ctx, &desc, &experts[e]), GTP_SUCCESS) << gtp_last_error(ctx);
@@ -239,7 +248,7 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
       // A BF16 consumer of the same weights in the same step: another key, another buffer.
       ASSERT_EQ(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 2, &count, nullptr),
                 GTP_SUCCESS) << gtp_last_error(ctx);
-      const std::string name = gtp::kernels::to_string(wire.spec.format);
+      const std::string name = gtp::kernels::to_string(wire.spec);
       for (int e = 0; e < kExperts; ++e) {
         std::vector<float> full(rows * cols);
         for (int64_t r = 0; r < rows; ++r)
@@ -277,7 +286,8 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           continue;
         }
         const auto sizes = gtp::kernels::gemm_layout_sizes(wire.spec, geometry);
-        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes), data_t(sizes.transposed_data_bytes);
+        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes), data_t(sizes.transposed_data_bytes),
+            scales_t(sizes.transposed_scales_bytes);
         std::vector<float> decode(sizes.decode_scale_count);
         gtp::kernels::GemmOutputs out;
         out.data = data.data();
@@ -286,10 +296,13 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
         out.scales_capacity = sizes.scales_bytes;
         out.transposed_data = sizes.transpose_supported ? data_t.data() : nullptr;
         out.transposed_data_capacity = sizes.transpose_supported ? sizes.transposed_data_bytes : 0;
+        out.transposed_scales = sizes.transposed_scales_bytes > 0 ? scales_t.data() : nullptr;
+        out.transposed_scales_capacity = sizes.transposed_scales_bytes;
         out.decode_scales = sizes.decode_scale_count > 0 ? decode.data() : nullptr;
         out.decode_scales_capacity = sizes.decode_scale_count;
         gtp::kernels::unpack_gemm_reference(wire.spec, in, out);
         EXPECT_EQ(v.layout, GTP_LAYOUT_GEMM) << name;
+        EXPECT_EQ(v.nvfp4_2d, wire.nvfp4_2d) << name;
         EXPECT_EQ(v.gemm_rows, sizes.gemm_rows) << name;
         const gtp_elem_t code = wire.wire == GTP_WIRE_NVFP4 ? GTP_ELEM_E2M1 : GTP_ELEM_E4M3;
         EXPECT_EQ(v.data.dtype, code);
@@ -304,8 +317,28 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           EXPECT_EQ(v.data_t.rows, cols);
           EXPECT_EQ(v.data_t.cols, sizes.gemm_rows);
           EXPECT_EQ(std::memcmp(v.data_t.ptr, data_t.data(), data_t.size()), 0) << name << " transpose";
+        } else if (wire.nvfp4_2d != 0) {  // 16x16 tiles: scales per tile, and the exact transpose
+          EXPECT_EQ(v.scale_block_rows, 16);
+          EXPECT_EQ(v.scale_block_cols, 16);
+          EXPECT_EQ(v.scales.dtype, GTP_ELEM_E4M3);
+          EXPECT_EQ(v.scales.rows, sizes.gemm_rows / 16);
+          EXPECT_EQ(v.scales.cols, cols / 16);
+          EXPECT_EQ(std::memcmp(v.scales.ptr, scales.data(), scales.size()), 0) << name << " scales expert " << e;
+          ASSERT_TRUE(sizes.transpose_supported) << name;
+          EXPECT_EQ(v.data_t.dtype, GTP_ELEM_E2M1);
+          EXPECT_EQ(v.data_t.rows, cols);
+          EXPECT_EQ(v.data_t.cols, sizes.gemm_rows);
+          ASSERT_NE(v.data_t.ptr, nullptr) << name;
+          EXPECT_EQ(std::memcmp(v.data_t.ptr, data_t.data(), data_t.size()), 0) << name << " transpose expert " << e;
+          EXPECT_EQ(v.scales_t.dtype, GTP_ELEM_E4M3);
+          EXPECT_EQ(v.scales_t.rows, cols / 16);
+          EXPECT_EQ(v.scales_t.cols, sizes.gemm_rows / 16);
+          ASSERT_NE(v.scales_t.ptr, nullptr) << name;
+          EXPECT_EQ(std::memcmp(v.scales_t.ptr, scales_t.data(), scales_t.size()), 0)
+              << name << " transposed scales expert " << e;
         } else {
           EXPECT_EQ(v.data_t.ptr, nullptr) << name << ": its scale blocks run along rows, no exact transpose";
+          EXPECT_EQ(v.scales_t.ptr, nullptr) << name;
           EXPECT_EQ(v.scales.dtype, wire.wire == GTP_WIRE_MXFP8 ? GTP_ELEM_E8M0 : GTP_ELEM_E4M3);
           EXPECT_EQ(v.scales.rows, sizes.gemm_rows);
           EXPECT_EQ(v.scales.cols * v.scale_block_cols, cols);
@@ -338,6 +371,103 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
   });
 }
 
+// Every 32-element block holds +-1.875 = 2^0.907: RCEIL takes e = ceil(log2(1.875 / 448)) = -7 (1.875
+// encodes exactly as 240), FLOOR takes floor(log2 1.875) - 8 = -8 (1.875 * 256 = 480 saturates to 448,
+// decoding to 1.75). The other elements are small multiples of 1/8, exact in BF16.
+float mx_source(int64_t row, int64_t col) {
+  if (col % 32 == 0) return row % 2 == 0 ? 1.875f : -1.875f;
+  return static_cast<float>(((row * 5 + col * 3) % 15) - 7) * 0.125f;
+}
+
+TEST(CAbi, MxFp8FloorRoundingMatchesTheReferenceAndDiffersFromRceil) {
+  using gtp::kernels::ScaleRounding;
+  using gtp::kernels::WireFormat;
+  constexpr int kWorld = 2;
+  constexpr int64_t rows = 64, cols = 64;
+  const gtp::kernels::WireSpec specs[2] = {{WireFormat::kMXFP8, ScaleRounding::kRceil},
+                                           {WireFormat::kMXFP8, ScaleRounding::kFloor}};
+  const int32_t roundings[2] = {GTP_MX_ROUNDING_RCEIL, GTP_MX_ROUNDING_FLOOR};
+  std::vector<float> full(rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) full[r * cols + c] = mx_source(r, c);
+  const auto geometry = gtp::kernels::weight_geometry(WireFormat::kMXFP8, rows, cols, kWorld);
+  const auto sizes = gtp::kernels::gemm_layout_sizes(specs[0], geometry);
+  // The reference's BF16 weight, GEMM codes and E8M0 scales for each rounding.
+  std::vector<uint16_t> ref_bf16[2];
+  std::vector<unsigned char> ref_data[2], ref_scales[2];
+  for (int k = 0; k < 2; ++k) {
+    const auto layout = gtp::kernels::chunk_layout(specs[k], geometry.shard_rows, cols);
+    const float amax = gtp::kernels::amax_reference(full.data(), gtp::kernels::SourceDtype::kFP32, rows, cols);
+    std::vector<unsigned char> chunks(kWorld * layout.chunk_bytes);
+    for (int r = 0; r < kWorld; ++r) {
+      gtp::kernels::PackArgs args;
+      args.shard = full.data() + r * geometry.shard_rows * cols;
+      args.src_dtype = gtp::kernels::SourceDtype::kFP32;
+      args.shard_rows = geometry.shard_rows;
+      args.valid_rows = geometry.valid_rows(r);
+      args.cols = cols;
+      args.amax = &amax;
+      args.chunk = chunks.data() + r * layout.chunk_bytes;
+      args.chunk_capacity = layout.chunk_bytes;
+      gtp::kernels::pack_reference(specs[k], args);
+    }
+    const gtp::kernels::GatheredChunks in{chunks.data(), static_cast<int64_t>(chunks.size()), geometry};
+    ref_bf16[k].resize(rows * cols);
+    gtp::kernels::unpack_reference(specs[k], in, ref_bf16[k].data(), rows * cols * 2);
+    ref_data[k].resize(sizes.data_bytes);
+    ref_scales[k].resize(sizes.scales_bytes);
+    gtp::kernels::GemmOutputs out;
+    out.data = ref_data[k].data();
+    out.data_capacity = sizes.data_bytes;
+    out.scales = ref_scales[k].data();
+    out.scales_capacity = sizes.scales_bytes;
+    gtp::kernels::unpack_gemm_reference(specs[k], in, out);
+  }
+  // The rules differ on this data, so equality below tells the roundings apart.
+  ASSERT_NE(ref_scales[0], ref_scales[1]);
+  ASSERT_NE(ref_bf16[0], ref_bf16[1]);
+  EXPECT_EQ(ref_bf16[0][0], 0x3FF0) << "RCEIL keeps 1.875";
+  EXPECT_EQ(ref_bf16[1][0], 0x3FE0) << "FLOOR saturates 1.875 to 1.75";
+
+  on_ranks(kWorld, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks);
+    ASSERT_NE(ctx, nullptr);
+    gtp_weight_t ws[2];
+    for (int k = 0; k < 2; ++k) {
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      desc.name = k == 0 ? "mx_rceil" : "mx_floor";
+      desc.shard = full.data() + rank * geometry.shard_rows * cols;
+      desc.dtype = GTP_DTYPE_FP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = GTP_WIRE_MXFP8;
+      desc.mx_rounding = roundings[k];
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptrs[2] = {nullptr, nullptr};
+    size_t count = 0;
+    ASSERT_EQ(gtp_materialize(ctx, ws, 2, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 2, &count, nullptr), GTP_SUCCESS)
+        << gtp_last_error(ctx);
+    ASSERT_EQ(count, 2u);
+    gtp_materialized_t views[2] = {GTP_MATERIALIZED_INITIALIZER, GTP_MATERIALIZED_INITIALIZER};
+    ASSERT_EQ(gtp_materialize_views(ctx, ws, 2, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 2, &count, nullptr),
+              GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(count, 2u);
+    for (int k = 0; k < 2; ++k) {
+      const std::string name = gtp::kernels::to_string(specs[k]);
+      EXPECT_EQ(std::memcmp(ptrs[k], ref_bf16[k].data(), ref_bf16[k].size() * 2), 0) << name << " bf16";
+      EXPECT_EQ(views[k].scales.dtype, GTP_ELEM_E8M0) << name;
+      EXPECT_EQ(std::memcmp(views[k].data.ptr, ref_data[k].data(), ref_data[k].size()), 0) << name << " data";
+      EXPECT_EQ(std::memcmp(views[k].scales.ptr, ref_scales[k].data(), ref_scales[k].size()), 0) << name << " scales";
+    }
+    ASSERT_EQ(gtp_release_layout(ctx, ws, 2, GTP_LAYOUT_GEMM, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_release(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);
@@ -355,9 +485,11 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.3");
+                   "compiled against gtp.h 0.4 but this libgtp is 0.3");
+  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version -= 100; }), GTP_ERROR_VERSION, nullptr,
+                   "compiled against gtp.h 0.2 but this libgtp is 0.3");  // gtp_weight_desc_t grew in 0.3
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 10000; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 1.2");
+                   "compiled against gtp.h 1.3");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.timeout_ms = 0; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "timeout_ms");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = static_cast<gtp_backend_t>(9); }),
@@ -471,6 +603,55 @@ TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
     bad = desc;
     bad.rows = 0;
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "gtp_weight_register: ");
+    // The 0.3 fields: a block shape the wire lacks (also through FROM_GROUP: bf16 here), unknown roundings.
+    bad = desc;
+    bad.wire = GTP_WIRE_FP8;
+    bad.nvfp4_2d = 1;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "nvfp4_2d is 1 but the wire is fp8");
+    bad.wire = GTP_WIRE_FROM_GROUP;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "nvfp4_2d is 1 but the wire is bf16");
+    bad = desc;
+    bad.wire = GTP_WIRE_MXFP8;
+    bad.mx_rounding = 2;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "mx_rounding 2 is unknown; use GTP_MX_ROUNDING_RCEIL");
+    bad.wire = GTP_WIRE_BF16;
+    bad.mx_rounding = -1;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "mx_rounding -1 is unknown");
+    // An expert's block shape (or rounding) differs from its leader's: the batch is unpacked with one spec.
+    gtp_weight_desc_t leader_desc = desc;
+    leader_desc.name = "expert0";
+    leader_desc.wire = GTP_WIRE_NVFP4;
+    leader_desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
+    leader_desc.main_grad = nullptr;
+    gtp_weight_t leader{};
+    ASSERT_EQ(gtp_weight_register(ctx, &leader_desc, &leader), GTP_SUCCESS) << gtp_last_error(ctx);
+    bad = leader_desc;
+    bad.name = "expert1";
+    bad.nvfp4_2d = 1;
+    bad.expert_leader = &leader;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "this expert's wire is nvfp4 (2d), the leader's nvfp4 (1d)");
+    ASSERT_EQ(gtp_weight_unregister(ctx, leader), GTP_SUCCESS) << gtp_last_error(ctx);
+    leader_desc.wire = GTP_WIRE_MXFP8;
+    leader_desc.rows = 64;  // MXFP8 shards are 32-row aligned: G = 2 -> two full 32-row shards
+    leader_desc.cols = kCols;
+    std::vector<uint16_t> mx_shard(32 * kCols, 0x3F80);
+    leader_desc.shard = mx_shard.data();
+    ASSERT_EQ(gtp_weight_register(ctx, &leader_desc, &leader), GTP_SUCCESS) << gtp_last_error(ctx);
+    bad = leader_desc;
+    bad.name = "expert1";
+    bad.mx_rounding = GTP_MX_ROUNDING_FLOOR;
+    bad.expert_leader = &leader;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "this expert's wire is mxfp8 (floor), the leader's mxfp8 (rceil)");
+    ASSERT_EQ(gtp_weight_unregister(ctx, leader), GTP_SUCCESS) << gtp_last_error(ctx);
+    // A 0.2 caller's struct is two int32 shorter.
+    bad = desc;
+    bad.struct_size = offsetof(gtp_weight_desc_t, nvfp4_2d);
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx, "gtp_weight_desc_t.struct_size");
     EXPECT_EQ(w.id, untouched.id);
     EXPECT_EQ(w.generation, untouched.generation);
     ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);

@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 2, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 3, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -24,6 +24,8 @@ BOOTSTRAP_CALLBACKS, BOOTSTRAP_UCX_FROM_ENV = 0, 1
 BACKEND_HOST, BACKEND_CUDA = 0, 1
 DTYPE_BF16, DTYPE_FP32 = 0, 1
 WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = 0, 1, 2, 3
+# gtp_mx_rounding_t
+MX_ROUNDING_RCEIL, MX_ROUNDING_FLOOR = 0, 1
 GROUP_GTP_REMAT, GROUP_EXPERT_GTP_REMAT = 0, 1
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE = 0, 1, 2
 LAYOUT_BF16, LAYOUT_GEMM = 0, 1
@@ -80,7 +82,8 @@ class gtp_weight_desc_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("shard", ctypes.c_void_p),
                 ("dtype", ctypes.c_int), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("wire", ctypes.c_int),
                 ("group", ctypes.c_int), ("main_grad", ctypes.c_void_p),
-                ("expert_leader", ctypes.POINTER(gtp_weight_t))]
+                ("expert_leader", ctypes.POINTER(gtp_weight_t)),
+                ("nvfp4_2d", ctypes.c_int32), ("mx_rounding", ctypes.c_int32)]  # since 0.3
 
 
 class gtp_section_t(ctypes.Structure):

@@ -15,6 +15,7 @@ PHASES = {"forward": _lib.PHASE_FORWARD, "backward": _lib.PHASE_BACKWARD, "recom
 GROUPS = {"gtp_remat": _lib.GROUP_GTP_REMAT, "expert_gtp_remat": _lib.GROUP_EXPERT_GTP_REMAT}
 BACKENDS = {"host": _lib.BACKEND_HOST, "cuda": _lib.BACKEND_CUDA}
 DTYPES = {"bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
+MX_ROUNDINGS = {"rceil": _lib.MX_ROUNDING_RCEIL, "floor": _lib.MX_ROUNDING_FLOOR}
 LAYOUTS = {"bf16": _lib.LAYOUT_BF16, "gemm": _lib.LAYOUT_GEMM}
 _LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 _WIRE_NAMES = {v: k for k, v in WIRES.items()}
@@ -132,9 +133,11 @@ class Weight:
     """A registered weight. Holds references to the memory it was registered with (shard, main_grad)
     so it cannot be freed while libgtp points at it."""
 
-    def __init__(self, context, handle, name, rows, cols, wire, group, geometry, keep_alive):
+    def __init__(self, context, handle, name, rows, cols, wire, group, geometry, keep_alive, nvfp4_2d=False,
+                 mx_rounding="rceil"):
         self.context, self.handle, self.name = context, handle, name
         self.rows, self.cols, self.wire, self.group, self.geometry = rows, cols, wire, group, geometry
+        self.nvfp4_2d, self.mx_rounding = nvfp4_2d, mx_rounding
         self._keep_alive = keep_alive
         self.experts = []  # a leader's experts, in registration order (they follow it in materialize)
         self.user = None  # whatever the caller attaches (gtp.torch puts its parameter here)
@@ -292,8 +295,12 @@ class Context:
 
     # -- weights --
     def register(self, name, shard, rows, cols, *, dtype=None, wire="bf16", group="gtp_remat", main_grad=None,
-                 expert_leader=None):
+                 expert_leader=None, nvfp4_2d=False, mx_rounding="rceil"):
         """Registers this rank's shard of a rows x cols weight.
+
+        nvfp4_2d: NVFP4 16x16 scale blocks (their GEMM layout has the exact transpose); wire="nvfp4" only.
+        mx_rounding: the MXFP8 E8M0 scale rule, "rceil" (TransformerEngine) or "floor" (OCP MX v1.0);
+        ignored by the other wires. Experts must match their leader in both.
 
         shard, main_grad: numpy arrays (shard: float32, or uint16 holding BF16 bits; main_grad: float32),
         C-contiguous, shape (valid_rows, cols) as `geometry()` gives; or integer addresses with `dtype`
@@ -334,13 +341,15 @@ class Context:
         desc.wire = _choice(WIRES, wire, "wire")
         desc.group = _choice(GROUPS, group, "group")
         desc.main_grad = grad_ptr
+        desc.nvfp4_2d = 1 if nvfp4_2d else 0
+        desc.mx_rounding = _choice(MX_ROUNDINGS, mx_rounding, "mx_rounding")
         leader = None
         if expert_leader is not None:
             leader = _lib.gtp_weight_t(expert_leader.handle.id, expert_leader.handle.generation)
             desc.expert_leader = ctypes.pointer(leader)
         handle = _lib.gtp_weight_t()
         self._call("gtp_weight_register", ctypes.byref(desc), ctypes.byref(handle))
-        weight = Weight(self, handle, name, rows, cols, wire, group, geometry, keep)
+        weight = Weight(self, handle, name, rows, cols, wire, group, geometry, keep, bool(nvfp4_2d), mx_rounding)
         self._weights[weight.key] = weight
         if expert_leader is not None:
             expert_leader.experts.append(weight)

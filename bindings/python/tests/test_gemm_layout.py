@@ -51,7 +51,8 @@ def decode_gemm(m):
     elif m.wire == "mxfp8":
         values = E4M3[m.data.array] * np.repeat(e8m0_values(m.scales.array), m.scale_block[1], axis=1)
     else:
-        values = E2M1[unpack_e2m1(m.data.array)] * np.repeat(E4M3[m.scales.array], m.scale_block[1], axis=1)
+        block_scales = np.repeat(E4M3[m.scales.array], m.scale_block[0], axis=0)  # 16 rows per 2D tile
+        values = E2M1[unpack_e2m1(m.data.array)] * np.repeat(block_scales, m.scale_block[1], axis=1)
     if m.decode_scales is not None:
         per_row = np.repeat(m.decode_scales.array[:, 0], m.decode_scale_rows)[:m.gemm_rows]
         values = values * per_row[:, None]
@@ -157,3 +158,74 @@ def test_gemm_layout_decodes_to_the_bf16_layout_bit_for_bit(wire, world):
         assert "both the BF16 and the GEMM layout" in errors["ambiguous"]
         assert "not materialized in the gemm layout" in errors["double"]
         assert len(errors["layout"]) == 2 and all("layout=" in e and "'gemm'" in e for e in errors["layout"])
+
+
+def mx_weight():
+    """Blocks whose amax 1.875 splits the MXFP8 rules: RCEIL keeps it (scale 2^-7), FLOOR takes 2^-8 and
+    saturates 1.875 * 2^8 = 480 to 448 (docs/formats.md)."""
+    w = (((np.arange(64)[:, None] * 5 + np.arange(COLS)[None, :] * 3) % 15) - 7).astype(np.float32) * 0.125
+    w[:, 0::32] = 1.875
+    return w
+
+
+def _block_shape_and_rounding(rank, world, store_dir):
+    store = gtp.FileStore(store_path(store_dir))
+    out = {}
+    with gtp.Context(store, rank, world) as ctx:
+        g = ctx.geometry(ROWS, COLS, "nvfp4")
+        nv = ctx.register("nv2d", full_weight(3)[g.row_start:g.row_start + g.valid_rows].copy(), ROWS, COLS,
+                          wire="nvfp4", nvfp4_2d=True)
+        gm = ctx.geometry(64, COLS, "mxfp8")
+        mx = {rounding: ctx.register(f"mx_{rounding}", mx_weight()[gm.row_start:gm.row_start + gm.valid_rows].copy(),
+                                     64, COLS, wire="mxfp8", mx_rounding=rounding)
+              for rounding in ("rceil", "floor")}
+        out["attributes"] = (nv.nvfp4_2d, nv.mx_rounding, mx["floor"].mx_rounding, mx["rceil"].nvfp4_2d)
+        weights = [nv, mx["rceil"], mx["floor"]]
+        ctx.shard_updated(weights)
+        for w in weights:
+            [view] = ctx.materialize_views([w], layout="gemm")
+            [bf16] = ctx.materialize_views([w], layout="bf16")
+            out[w.name] = {"nvfp4_2d": view.nvfp4_2d, "scale_block": view.scale_block, "decoded": decode_gemm(view),
+                           "sections": {k: (s.dtype, s.rows, s.cols, s.array.copy()) for k, s in view.sections().items()},
+                           "bf16": bf16.data.array.copy()}
+            ctx.release([w], layout="gemm")
+            ctx.release([w], layout="bf16")
+        ctx.drain()
+        errors = {}
+        shard = np.zeros((g.valid_rows, COLS), dtype=np.float32)
+        for key, call in (("2d_on_fp8", lambda: ctx.register("bad", shard, ROWS, COLS, wire="fp8", nvfp4_2d=True)),
+                          ("rounding", lambda: ctx.register("bad", shard, ROWS, COLS, wire="mxfp8", mx_rounding="up")),
+                          ("expert", lambda: ctx.register("bad", shard, ROWS, COLS, wire="nvfp4", expert_leader=nv))):
+            try:
+                call()
+            except ValueError as e:
+                errors[key] = (type(e).__name__, str(e))
+        out["errors"] = errors
+    return out
+
+
+def test_register_takes_the_nvfp4_block_shape_and_the_mxfp8_rounding():
+    results = run_ranks(_block_shape_and_rounding, 2)
+    gemm_rows = -(-ROWS // 16) * 16
+    for r in results:
+        assert r["attributes"] == (True, "rceil", "floor", False)
+        nv = r["nv2d"]
+        assert nv["nvfp4_2d"] and nv["scale_block"] == (16, 16)
+        sections = nv["sections"]
+        assert set(sections) == {"data", "scales", "data_t", "scales_t", "decode_scales"}
+        assert sections["scales"][:3] == ("e4m3", gemm_rows // 16, COLS // 16)
+        assert sections["data_t"][:3] == ("e2m1", COLS, gemm_rows)
+        assert sections["scales_t"][:3] == ("e4m3", COLS // 16, gemm_rows // 16)
+        # The exact transpose: transposed codes and transposed tile scales.
+        np.testing.assert_array_equal(unpack_e2m1(sections["data_t"][3]), unpack_e2m1(sections["data"][3]).T)
+        np.testing.assert_array_equal(sections["scales_t"][3], sections["scales"][3].T)
+        np.testing.assert_array_equal(gtp.float32_to_bf16_bits(nv["decoded"][:ROWS]), nv["bf16"])
+        for name in ("mx_rceil", "mx_floor"):
+            np.testing.assert_array_equal(gtp.float32_to_bf16_bits(r[name]["decoded"][:64]), r[name]["bf16"])
+        rceil, floor = r["mx_rceil"]["decoded"], r["mx_floor"]["decoded"]
+        assert rceil[0, 0] == np.float32(1.875) and floor[0, 0] == np.float32(1.75)
+        assert not np.array_equal(r["mx_rceil"]["sections"]["scales"][3], r["mx_floor"]["sections"]["scales"][3])
+        errors = r["errors"]
+        assert errors["2d_on_fp8"][0] == "InvalidArgumentError" and "nvfp4_2d is 1 but the wire is fp8" in errors["2d_on_fp8"][1]
+        assert "mx_rounding='up' is unknown" in errors["rounding"][1]
+        assert errors["expert"][0] == "InvalidArgumentError" and "nvfp4 (1d), the leader's nvfp4 (2d)" in errors["expert"][1]

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 2
+#define GTP_VERSION_MINOR 3
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
@@ -111,6 +111,11 @@ typedef enum {
   GTP_WIRE_MXFP8 = 2,
   GTP_WIRE_NVFP4 = 3
 } gtp_wire_t;
+/* MXFP8 E8M0 block-scale rounding (docs/formats.md); ignored by the other wires. */
+typedef enum {
+  GTP_MX_ROUNDING_RCEIL = 0, /* TransformerEngine's rule, the default */
+  GTP_MX_ROUNDING_FLOOR = 1  /* OCP MX v1.0 */
+} gtp_mx_rounding_t;
 typedef enum { GTP_GROUP_GTP_REMAT = 0, GTP_GROUP_EXPERT_GTP_REMAT = 1 } gtp_group_t;
 typedef enum { GTP_PHASE_FORWARD = 0, GTP_PHASE_BACKWARD = 1, GTP_PHASE_RECOMPUTE = 2 } gtp_phase_t;
 /* BF16: the BF16 weight [rows, cols]. GEMM: the GEMM-ready codes, scales, exact transpose and decode
@@ -128,10 +133,14 @@ typedef struct {
   gtp_group_t group;
   float* main_grad;        /* FP32 valid_rows x cols, or NULL */
   const gtp_weight_t* expert_leader; /* NULL, or the first expert of this weight's group */
+  /* Since 0.3 (fields are only ever added at the end): */
+  int32_t nvfp4_2d;        /* nonzero: NVFP4 16x16 scale blocks (exact transpose); NVFP4 wire only */
+  int32_t mx_rounding;     /* gtp_mx_rounding_t; MXFP8 only, ignored by the other wires */
 } gtp_weight_desc_t;
 
 #define GTP_WEIGHT_DESC_INITIALIZER \
-  { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_FROM_GROUP, GTP_GROUP_GTP_REMAT, NULL, NULL }
+  { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_FROM_GROUP, GTP_GROUP_GTP_REMAT, NULL, NULL, \
+    0, GTP_MX_ROUNDING_RCEIL }
 
 gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out);
 gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w);

@@ -87,6 +87,19 @@ TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
       desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
       ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[i]), GTP_SUCCESS) << gtp_last_error(ctx);
     }
+    // nvfp4_2d is checked against the wire FROM_GROUP resolves to (fp8 here).
+    gtp_weight_desc_t two_d = GTP_WEIGHT_DESC_INITIALIZER;
+    two_d.name = "expert_2d";
+    two_d.shard = valid > 0 ? shard.data() : nullptr;
+    two_d.rows = kRows;
+    two_d.cols = kCols;
+    two_d.group = GTP_GROUP_EXPERT_GTP_REMAT;
+    two_d.nvfp4_2d = 1;
+    gtp_weight_t refused{-1, 0};
+    EXPECT_EQ(gtp_weight_register(ctx, &two_d, &refused), GTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(gtp_last_error(ctx)).find("nvfp4_2d is 1 but the wire is fp8"), std::string::npos)
+        << gtp_last_error(ctx);
+    EXPECT_EQ(refused.id, -1);
     ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
     void* ptrs[3] = {};
     size_t count = 0;
@@ -117,6 +130,41 @@ TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
 }
 
 // Profile errors are found before any collective, so one rank of a 2-rank bootstrap suffices.
+// A group whose profile wire is nvfp4: FROM_GROUP with nvfp4_2d registers 16x16 tiles.
+TEST(CAbiGroups, FromGroupResolvingToNvfp4TakesThe2DBlockShape) {
+  const std::string profile =
+      profile_with(2, {{"tensor_parallel_num_weight_shards", 2}}, {{"gtp_remat", {{"wire_format", "nvfp4"}}}});
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    const int64_t shard_rows = (kRows / 2 + 15) / 16 * 16;
+    const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(shard_rows, kRows - rank * shard_rows));
+    std::vector<uint16_t> shard(shard_rows * kCols);
+    for (int64_t r = 0; r < valid; ++r)
+      for (int64_t c = 0; c < kCols; ++c) shard[r * kCols + c] = element(3, 0, rank * shard_rows + r, c);
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;  // wire: GTP_WIRE_FROM_GROUP
+    desc.name = "w2d";
+    desc.shard = valid > 0 ? shard.data() : nullptr;
+    desc.rows = kRows;
+    desc.cols = kCols;
+    desc.nvfp4_2d = 1;
+    gtp_weight_t w{};
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    gtp_materialized_t view = GTP_MATERIALIZED_INITIALIZER;
+    size_t count = 0;
+    ASSERT_EQ(gtp_materialize_views(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, &view, 1, &count, nullptr),
+              GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(view.wire, GTP_WIRE_NVFP4);
+    EXPECT_EQ(view.nvfp4_2d, 1);
+    EXPECT_EQ(view.scale_block_rows, 16);
+    EXPECT_NE(view.data_t.ptr, nullptr);
+    EXPECT_NE(view.scales_t.ptr, nullptr);
+    ASSERT_EQ(gtp_release(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, gtp::cabi_test::kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);

@@ -24,9 +24,14 @@ namespace {
 using gtp::cabi_test::stats_of;
 
 constexpr int64_t kRows = 40, kCols = 64;
-constexpr int kWires = 4;
-const gtp_wire_t kWireList[kWires] = {GTP_WIRE_BF16, GTP_WIRE_FP8, GTP_WIRE_MXFP8, GTP_WIRE_NVFP4};
-const char* const kNames[kWires] = {"bf16", "fp8", "mxfp8", "nvfp4"};
+constexpr int kWires = 6;
+// With the descriptor's variants (0.3): MXFP8 FLOOR rounding and NVFP4 16x16 blocks.
+const gtp_wire_t kWireList[kWires] = {GTP_WIRE_BF16,  GTP_WIRE_FP8,   GTP_WIRE_MXFP8,
+                                      GTP_WIRE_NVFP4, GTP_WIRE_MXFP8, GTP_WIRE_NVFP4};
+const int32_t kMxRounding[kWires] = {GTP_MX_ROUNDING_RCEIL, GTP_MX_ROUNDING_RCEIL, GTP_MX_ROUNDING_RCEIL,
+                                     GTP_MX_ROUNDING_RCEIL, GTP_MX_ROUNDING_FLOOR, GTP_MX_ROUNDING_RCEIL};
+const int32_t kNvfp4_2d[kWires] = {0, 0, 0, 0, 0, 1};
+const char* const kNames[kWires] = {"bf16", "fp8", "mxfp8", "nvfp4", "mxfp8_floor", "nvfp4_2d"};
 
 gtp_status_t create(const gtp_bootstrap_callbacks_t& callbacks, gtp_backend_t backend, gtp_context_t** ctx) {
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
@@ -70,6 +75,8 @@ Weights register_all(gtp_context_t* ctx, const void* shard, float* const* main_g
     desc.rows = kRows;
     desc.cols = kCols;
     desc.wire = kWireList[i];
+    desc.mx_rounding = kMxRounding[i];
+    desc.nvfp4_2d = kNvfp4_2d[i];
     desc.main_grad = main_grads[i];
     EXPECT_EQ(gtp_weight_register(ctx, &desc, &w.handles[i]), GTP_SUCCESS) << gtp_last_error(ctx);
   }

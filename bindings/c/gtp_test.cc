@@ -286,8 +286,8 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           continue;
         }
         const auto sizes = gtp::kernels::gemm_layout_sizes(wire.spec, geometry);
-        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes), data_t(sizes.transposed_data_bytes),
-            scales_t(sizes.transposed_scales_bytes);
+        std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes),
+            data_t(sizes.transposed_data_bytes), scales_t(sizes.transposed_scales_bytes);
         std::vector<float> decode(sizes.decode_scale_count);
         gtp::kernels::GemmOutputs out;
         out.data = data.data();

@@ -185,9 +185,9 @@ def _block_shape_and_rounding(rank, world, store_dir):
         for w in weights:
             [view] = ctx.materialize_views([w], layout="gemm")
             [bf16] = ctx.materialize_views([w], layout="bf16")
+            sections = {k: (s.dtype, s.rows, s.cols, s.array.copy()) for k, s in view.sections().items()}
             out[w.name] = {"nvfp4_2d": view.nvfp4_2d, "scale_block": view.scale_block, "decoded": decode_gemm(view),
-                           "sections": {k: (s.dtype, s.rows, s.cols, s.array.copy()) for k, s in view.sections().items()},
-                           "bf16": bf16.data.array.copy()}
+                           "sections": sections, "bf16": bf16.data.array.copy()}
             ctx.release([w], layout="gemm")
             ctx.release([w], layout="bf16")
         ctx.drain()
@@ -226,6 +226,8 @@ def test_register_takes_the_nvfp4_block_shape_and_the_mxfp8_rounding():
         assert rceil[0, 0] == np.float32(1.875) and floor[0, 0] == np.float32(1.75)
         assert not np.array_equal(r["mx_rceil"]["sections"]["scales"][3], r["mx_floor"]["sections"]["scales"][3])
         errors = r["errors"]
-        assert errors["2d_on_fp8"][0] == "InvalidArgumentError" and "nvfp4_2d is 1 but the wire is fp8" in errors["2d_on_fp8"][1]
+        assert errors["2d_on_fp8"][0] == "InvalidArgumentError"
+        assert "nvfp4_2d is 1 but the wire is fp8" in errors["2d_on_fp8"][1]
         assert "mx_rounding='up' is unknown" in errors["rounding"][1]
-        assert errors["expert"][0] == "InvalidArgumentError" and "nvfp4 (1d), the leader's nvfp4 (2d)" in errors["expert"][1]
+        assert errors["expert"][0] == "InvalidArgumentError"
+        assert "nvfp4 (1d), the leader's nvfp4 (2d)" in errors["expert"][1]

@@ -60,6 +60,28 @@ def test_linear_gradients_match_the_single_process_reference(world):
     assert sum(r["geometry"].valid_rows for r in results) == OUT
 
 
+def test_linear_passes_the_block_shape_and_the_scale_rounding_to_the_wire(tmp_path):
+    """gt.Linear(wire="nvfp4", nvfp4_2d=True) registers 16x16 blocks: its GEMM view carries the exact
+    transpose; wire="mxfp8" with mx_rounding="floor" materializes the OCP rule, which differs from RCEIL
+    on 1.875 (RCEIL keeps it, FLOOR saturates it to 1.75)."""
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+        nvfp4 = gt.Linear(IN, 32, context=ctx, bias=False, wire="nvfp4", nvfp4_2d=True)
+        assert nvfp4.weight.gtp_weight.nvfp4_2d
+        views = ctx.materialize_views([nvfp4.weight.gtp_weight], layout="gemm")
+        assert views[0].data_t is not None and views[0].scales_t is not None
+        ctx.release([nvfp4.weight.gtp_weight], layout="gemm")
+        results = {}
+        for rounding in ("rceil", "floor"):
+            layer = gt.Linear(IN, 32, context=ctx, bias=False, wire="mxfp8", mx_rounding=rounding)
+            assert layer.weight.gtp_weight.mx_rounding == rounding
+            with torch.no_grad():
+                layer.weight.fill_(1.875)
+            ctx.shard_updated([layer.weight])
+            results[rounding] = layer.weight.materialize_group_for_forward().float()
+            layer.weight.release_group()
+        assert bool((results["rceil"] == 1.875).all()) and bool((results["floor"] == 1.75).all())
+
+
 def test_tcpstore_bootstrap_and_protocol_on_one_rank():
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True)
     with gt.Context(store, 0, 1) as ctx:

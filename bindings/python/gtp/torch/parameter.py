@@ -15,11 +15,14 @@ class ShardedParameter(torch.nn.Parameter):
 
     expert_leader: another ShardedParameter (the group's first expert) to join its expert group: the
     leader's materialize_group_* then returns every member's weight from one call, and its
-    finalize_group_grads reduces every member's grad buffer."""
+    finalize_group_grads reduces every member's grad buffer.
+
+    nvfp4_2d, mx_rounding: the wire's NVFP4 block shape and MXFP8 scale rule (gtp.Context.register)."""
 
     is_distributed_weight = True  # TE's capability flag
 
-    def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat", expert_leader=None):
+    def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat", expert_leader=None,
+                nvfp4_2d=False, mx_rounding="rceil"):
         if shard.dtype not in _DTYPES:
             raise ValueError(f"shard dtype {shard.dtype} is not torch.float32 or torch.bfloat16")
         geometry = context.geometry(rows, cols, wire, group)
@@ -36,7 +39,8 @@ class ShardedParameter(torch.nn.Parameter):
         param.gtp_weight = context.register(
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
             wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None,
-            expert_leader=None if expert_leader is None else expert_leader.gtp_weight)
+            expert_leader=None if expert_leader is None else expert_leader.gtp_weight,
+            nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding)
         param.gtp_weight.user = param
         param.group_members = [param]  # a leader's grow with its experts, in registration order
         if expert_leader is not None:

@@ -140,10 +140,23 @@ std::string parallel_error_path(const std::string& message) {
 
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
-  r.allow_only({"stream_priority", "nccl", "wire_format", "prefetch_depth", "memory_budget"});
+  r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
+                "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
-  s.wire_format = parse_wire_format(r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"}));
+  const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
+  s.wire_format = parse_wire_format(wire);
+  // Variants of one wire: setting one for another wire would silently do nothing, so it is an error.
+  if (r.has("nvfp4_blocks") && wire != "nvfp4") {
+    r.fail("nvfp4_blocks", "applies to wire_format \"nvfp4\" only, but wire_format is \"" + wire +
+                               "\"; remove it or set wire_format to \"nvfp4\"");
+  }
+  if (r.has("mx_rounding") && wire != "mxfp8") {
+    r.fail("mx_rounding", "applies to wire_format \"mxfp8\" only, but wire_format is \"" + wire +
+                              "\"; remove it or set wire_format to \"mxfp8\"");
+  }
+  s.nvfp4_2d = r.choice("nvfp4_blocks", "1d", {"1d", "2d"}) == "2d";
+  s.mx_rounding_floor = r.choice("mx_rounding", "rceil", {"rceil", "floor"}) == "floor";
   s.prefetch_depth = static_cast<int>(r.integer("prefetch_depth", 1, 0, 64));
   if (r.has("memory_budget")) {
     const json& budget = r.raw("memory_budget");

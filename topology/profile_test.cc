@@ -101,6 +101,34 @@ TEST(Profile, UnknownKeysSuggestTheClosest) {
             std::string::npos);
 }
 
+TEST(Profile, WireVariantsBelongToTheirWire) {
+  json doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"wire_format", "nvfp4"}, {"nvfp4_blocks", "2d"}};
+  doc["groups"]["expt_gtp_remat"] = {{"wire_format", "mxfp8"}, {"mx_rounding", "floor"}};
+  const Profile p = parse_profile(doc, ".");
+  EXPECT_TRUE(p.group("gtp_remat").nvfp4_2d);
+  EXPECT_FALSE(p.group("gtp_remat").mx_rounding_floor);
+  EXPECT_TRUE(p.group("expt_gtp_remat").mx_rounding_floor);
+  EXPECT_FALSE(p.group("expt_gtp_remat").nvfp4_2d);
+  EXPECT_FALSE(p.group("dp").nvfp4_2d);  // defaults: 1d, rceil
+
+  doc["groups"]["gtp_remat"] = {{"wire_format", "fp8"}, {"nvfp4_blocks", "2d"}};
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/nvfp4_blocks: applies to wire_format \"nvfp4\" only, but wire_format "
+                               "is \"fp8\"; remove it or set wire_format to \"nvfp4\""),
+            std::string::npos) << error_of(doc);
+  doc["groups"]["gtp_remat"] = {{"nvfp4_blocks", "2d"}};  // the default wire, bf16
+  EXPECT_NE(error_of(doc).find("wire_format is \"bf16\""), std::string::npos) << error_of(doc);
+  doc["groups"]["gtp_remat"] = {{"wire_format", "nvfp4"}, {"nvfp4_blocks", "3d"}};
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/nvfp4_blocks: '3d' is not allowed"), std::string::npos) << error_of(doc);
+  doc["groups"]["gtp_remat"] = {{"wire_format", "nvfp4"}};
+  doc["groups"]["expt_gtp_remat"] = {{"wire_format", "nvfp4"}, {"mx_rounding", "floor"}};
+  EXPECT_NE(error_of(doc).find("/groups/expt_gtp_remat/mx_rounding: applies to wire_format \"mxfp8\" only"),
+            std::string::npos) << error_of(doc);
+  doc["groups"]["expt_gtp_remat"] = {{"wire_format", "mxfp8"}, {"mx_rounding", "ceil"}};
+  EXPECT_NE(error_of(doc).find("/groups/expt_gtp_remat/mx_rounding: 'ceil' is not allowed"), std::string::npos)
+      << error_of(doc);
+}
+
 TEST(Profile, WrongTypesNameThePath) {
   json doc = base_profile();
   doc["parallel"]["tensor_model_parallel_size"] = "2";

@@ -60,7 +60,7 @@ struct gtp_context {
   bool aborted = false;
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
-  gtp::kernels::WireFormat group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
+  gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
   gtp_grad_ready_fn grad_ready = nullptr;
   void* grad_ready_user_data = nullptr;
   // Destroyed bottom-up: the runtime before its backend, the backend before its communicators and
@@ -292,6 +292,15 @@ gtp::kernels::WireFormat wire_of(gtp::topology::WireFormat format) {
   throw std::logic_error("unknown topology::WireFormat");
 }
 
+// The wire a group's profile settings describe (GTP_WIRE_FROM_GROUP).
+gtp::kernels::WireSpec wire_spec_of(const gtp::topology::GroupSettings& settings) {
+  gtp::kernels::WireSpec spec;
+  spec.format = wire_of(settings.wire_format);
+  if (settings.nvfp4_2d) spec.nvfp4_blocks = gtp::kernels::Nvfp4Blocks::k2D;
+  if (settings.mx_rounding_floor) spec.mx_rounding = gtp::kernels::ScaleRounding::kFloor;
+  return spec;
+}
+
 // Precedence (docs/c-abi.md): a config value other than GTP_FROM_PROFILE wins; GTP_FROM_PROFILE takes
 // the profile's gtp_remat group setting, and expt_gtp_remat's when the profile mentions that group. The
 // runtime prefetches one chain at one depth and has one cache, so those groups must agree on the depth,
@@ -448,8 +457,8 @@ void create(const gtp_context_config_t* config, gtp_context_t** out) {
   const gtp::topology::Profile profile = profile_for(*config, ctx->bootstrap->world_size());
   ctx->sizes = profile.sizes;
   const gtp::topology::ParallelSizes& s = ctx->sizes;
-  ctx->group_wire[GTP_GROUP_GTP_REMAT] = wire_of(profile.group(kDenseGroup).wire_format);
-  ctx->group_wire[GTP_GROUP_EXPERT_GTP_REMAT] = wire_of(profile.group(kExpertGroup).wire_format);
+  ctx->group_wire[GTP_GROUP_GTP_REMAT] = wire_spec_of(profile.group(kDenseGroup));
+  ctx->group_wire[GTP_GROUP_EXPERT_GTP_REMAT] = wire_spec_of(profile.group(kExpertGroup));
 
   gtp::remat::RuntimeConfig runtime;
   runtime.depth = depth_for(*config, profile);
@@ -569,7 +578,13 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
             "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_FROM_GROUP, _BF16, _FP8, _MXFP8 or _NVFP4");
     require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
             "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
-    d.wire.format = wire == GTP_WIRE_FROM_GROUP ? ctx->group_wire[group] : static_cast<gtp::kernels::WireFormat>(wire);
+    // FROM_GROUP takes the group's whole spec (format, NVFP4 block shape, MXFP8 rounding); the
+    // descriptor's nvfp4_2d / FLOOR below can only add to it.
+    if (wire == GTP_WIRE_FROM_GROUP) {
+      d.wire = ctx->group_wire[group];
+    } else {
+      d.wire.format = static_cast<gtp::kernels::WireFormat>(wire);
+    }
     const std::string resolved = gtp::kernels::to_string(d.wire.format);
     require(desc->mx_rounding == GTP_MX_ROUNDING_RCEIL || desc->mx_rounding == GTP_MX_ROUNDING_FLOOR,
             "mx_rounding " + std::to_string(desc->mx_rounding) +

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -163,6 +164,61 @@ TEST(CAbiGroups, FromGroupResolvingToNvfp4TakesThe2DBlockShape) {
     ASSERT_EQ(gtp_release(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
     EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
+}
+
+// The profile alone can choose the variants: a FROM_GROUP weight with the descriptor's defaults takes
+// the group's 16x16 NVFP4 blocks, or its FLOOR MXFP8 rounding (the same bytes as a weight registered
+// with that variant explicitly).
+TEST(CAbiGroups, FromGroupTakesTheGroupsBlockShapeAndRounding) {
+  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2}};
+  const std::string nvfp4_2d =
+      profile_with(2, parallel, {{"gtp_remat", {{"wire_format", "nvfp4"}, {"nvfp4_blocks", "2d"}}}});
+  const std::string mxfp8_floor =
+      profile_with(2, parallel, {{"gtp_remat", {{"wire_format", "mxfp8"}, {"mx_rounding", "floor"}}}});
+  for (const std::string& profile : {nvfp4_2d, mxfp8_floor}) {
+    const bool nvfp4 = profile == nvfp4_2d;
+    on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+      gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+      ASSERT_NE(ctx, nullptr);
+      const int64_t align = nvfp4 ? 16 : 32;
+      const int64_t shard_rows = (kRows / 2 + align - 1) / align * align;
+      const int64_t valid = std::max<int64_t>(0, std::min<int64_t>(shard_rows, kRows - rank * shard_rows));
+      std::vector<uint16_t> shard(shard_rows * kCols);
+      // MXFP8: every block holds +-1.875 (BF16 0x3ff0), where FLOOR saturates to 1.75 and RCEIL does not.
+      for (int64_t r = 0; r < valid; ++r)
+        for (int64_t c = 0; c < kCols; ++c)
+          shard[r * kCols + c] = nvfp4 ? element(5, 0, rank * shard_rows + r, c) : ((r + c) % 2 ? 0x3ff0 : 0xbff0);
+      gtp_weight_t w[2] = {};
+      for (int explicit_variant = 0; explicit_variant < 2; ++explicit_variant) {
+        gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;  // wire: GTP_WIRE_FROM_GROUP, 1D, RCEIL
+        desc.name = explicit_variant ? "explicit" : "from_group";
+        desc.shard = valid > 0 ? shard.data() : nullptr;
+        desc.rows = kRows;
+        desc.cols = kCols;
+        if (explicit_variant) {
+          desc.wire = nvfp4 ? GTP_WIRE_NVFP4 : GTP_WIRE_MXFP8;
+          if (nvfp4) desc.nvfp4_2d = 1; else desc.mx_rounding = GTP_MX_ROUNDING_FLOOR;
+        }
+        ASSERT_EQ(gtp_weight_register(ctx, &desc, &w[explicit_variant]), GTP_SUCCESS) << gtp_last_error(ctx);
+      }
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, w, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      gtp_materialized_t views[2] = {GTP_MATERIALIZED_INITIALIZER, GTP_MATERIALIZED_INITIALIZER};
+      size_t count = 0;
+      ASSERT_EQ(gtp_materialize_views(ctx, w, 2, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, views, 2, &count, nullptr),
+                GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(count, 2u);
+      EXPECT_EQ(views[0].nvfp4_2d, nvfp4 ? 1 : 0);
+      if (nvfp4) {
+        EXPECT_NE(views[0].data_t.ptr, nullptr);
+      }
+      const size_t data_bytes = static_cast<size_t>(views[0].data.rows * views[0].data.ld) / (nvfp4 ? 2 : 1);
+      const size_t scale_bytes = static_cast<size_t>(views[0].scales.rows * views[0].scales.ld);
+      EXPECT_EQ(std::memcmp(views[0].data.ptr, views[1].data.ptr, data_bytes), 0);
+      EXPECT_EQ(std::memcmp(views[0].scales.ptr, views[1].scales.ptr, scale_bytes), 0);
+      ASSERT_EQ(gtp_release(ctx, w, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+    });
+  }
 }
 
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {

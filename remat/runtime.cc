@@ -148,8 +148,9 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
   return out;
 }
 
-// Keeps the next `depth` entries of `chain` prefetched. At most `depth` slots are prefetched over all
-// chains: room is made by dropping other chains' prefetches first; the budget may defer the rest.
+// Keeps the next `depth` consumes prefetched: the step schedule's while the step follows it
+// (refill_schedule), else `chain`'s own. At most `depth` slots are prefetched over all chains: room is
+// made by dropping other chains' prefetches first; the budget may defer the rest.
 void Runtime::refill(int chain) {
   if (!schedule_recording_ && schedule_in_sync_) {
     refill_schedule();

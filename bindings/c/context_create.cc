@@ -1,0 +1,273 @@
+// gtp_context_create's work: the profile (or the default grid), the grid's gtp_remat and
+// expt_gtp_remat groups, the host or CUDA backend over them, and the runtime with the precedence of
+// config and profile settings (docs/c-abi.md).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "bindings/c/internal/context.h"
+#include "comm/callback_bootstrap.h"
+#include "comm/errors.h"
+#include "comm/streams.h"
+#include "comm/ucx_bootstrap.h"
+#include "remat/cuda_backend.h"
+#include "remat/host_backend.h"
+#include "topology/grid.h"
+#include "topology/profile.h"
+
+namespace gtp::cabi {
+namespace {
+
+using remat::WeightId;
+
+std::atomic<std::uint64_t> next_generation{1};
+
+// The profile (or, without one, TP = 1 and G = EG = world size with default group settings).
+gtp::topology::Profile profile_for(const gtp_context_config_t& config, int world_size) {
+  require(config.profile_json == nullptr || config.profile_path == nullptr,
+          "both profile_json and profile_path are set; give at most one");
+  if (config.profile_json == nullptr && config.profile_path == nullptr) {
+    gtp::topology::Profile profile;
+    gtp::topology::ParallelConfig& parallel = profile.parallel;
+    parallel.world_size = world_size;
+    parallel.tensor_parallel_num_weight_shards = world_size;
+    parallel.expert_tensor_parallel_num_weight_shards = world_size;
+    profile.sizes = gtp::topology::derive_sizes(parallel);
+    return profile;
+  }
+  gtp::topology::Profile profile =
+      config.profile_json != nullptr ? gtp::topology::parse_profile(nlohmann::json::parse(config.profile_json), ".")
+                                     : gtp::topology::load_profile(config.profile_path);
+  require(profile.sizes.world_size == world_size, "the profile's world_size is " + std::to_string(profile.sizes.world_size) +
+                                                      " but the bootstrap has " + std::to_string(world_size) + " ranks");
+  return profile;
+}
+
+constexpr const char* kDenseGroup = "gtp_remat";
+constexpr const char* kExpertGroup = "expt_gtp_remat";
+
+// The grid's groups the runtime gathers over, indexed by gtp_group_t (gtp_remat, expt_gtp_remat),
+// each as every group of its family (lists of world ranks). With EG = 1 every expert group is one rank.
+std::vector<std::vector<std::vector<int>>> remat_groups(const gtp::topology::ParallelSizes& sizes) {
+  const gtp::topology::HyperCommGrid grid = gtp::topology::make_gtp_grid(sizes);
+  return {grid.rank_enum({kDenseGroup}).to_lists(),
+          grid.rank_enum({kExpertGroup}, gtp::topology::kExpertView).to_lists()};
+}
+
+const std::vector<int>& group_containing(const std::vector<std::vector<int>>& family, int rank) {
+  for (const std::vector<int>& group : family) {
+    if (std::find(group.begin(), group.end(), rank) != group.end()) return group;
+  }
+  throw std::logic_error("rank " + std::to_string(rank) + " is in no group of its grid family");
+}
+
+gtp::kernels::WireFormat wire_of(gtp::topology::WireFormat format) {
+  switch (format) {
+    case gtp::topology::WireFormat::kBf16: return gtp::kernels::WireFormat::kBF16;
+    case gtp::topology::WireFormat::kFp8: return gtp::kernels::WireFormat::kFP8;
+    case gtp::topology::WireFormat::kMxfp8: return gtp::kernels::WireFormat::kMXFP8;
+    case gtp::topology::WireFormat::kNvfp4: return gtp::kernels::WireFormat::kNVFP4;
+  }
+  throw std::logic_error("unknown topology::WireFormat");
+}
+
+// The wire a group's profile settings describe (GTP_WIRE_FROM_GROUP).
+gtp::kernels::WireSpec wire_spec_of(const gtp::topology::GroupSettings& settings) {
+  gtp::kernels::WireSpec spec;
+  spec.format = wire_of(settings.wire_format);
+  if (settings.nvfp4_2d) spec.nvfp4_blocks = gtp::kernels::Nvfp4Blocks::k2D;
+  if (settings.mx_rounding_floor) spec.mx_rounding = gtp::kernels::ScaleRounding::kFloor;
+  return spec;
+}
+
+// Precedence (docs/c-abi.md): a config value other than GTP_FROM_PROFILE wins; GTP_FROM_PROFILE takes
+// the profile's gtp_remat group setting, and expt_gtp_remat's when the profile mentions that group. The
+// runtime prefetches one chain at one depth and has one cache, so those groups must agree on the depth,
+// and the budget is the sum of their budgets (0, no limit, if any is 0).
+int depth_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+  if (config.prefetch_depth != GTP_FROM_PROFILE) {
+    require(config.prefetch_depth >= 0 && config.prefetch_depth <= gtp::remat::kMaxDepth,
+            "prefetch_depth is " + std::to_string(config.prefetch_depth) + "; give 0.." +
+                std::to_string(gtp::remat::kMaxDepth) + " or GTP_FROM_PROFILE");
+    return config.prefetch_depth;
+  }
+  const int dense = profile.group(kDenseGroup).prefetch_depth;
+  if (profile.groups.count(kExpertGroup) != 0) {
+    const int expert = profile.group(kExpertGroup).prefetch_depth;
+    require(expert == dense, "/groups/expt_gtp_remat/prefetch_depth is " + std::to_string(expert) +
+                                 " but /groups/gtp_remat/prefetch_depth is " + std::to_string(dense) +
+                                 ": the runtime prefetches one chain at one depth; set both to the same value "
+                                 "(or set gtp_context_config_t.prefetch_depth)");
+  }
+  return dense;
+}
+
+std::int64_t budget_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+  if (config.memory_budget_bytes != GTP_FROM_PROFILE) {
+    require(config.memory_budget_bytes >= 0, "memory_budget_bytes is " + std::to_string(config.memory_budget_bytes) +
+                                                 "; give 0 (no limit), a byte count or GTP_FROM_PROFILE");
+    return config.memory_budget_bytes;
+  }
+  const std::int64_t dense = profile.group(kDenseGroup).memory_budget_bytes;
+  if (profile.groups.count(kExpertGroup) == 0) return dense;
+  const std::int64_t expert = profile.group(kExpertGroup).memory_budget_bytes;
+  return dense == 0 || expert == 0 ? 0 : dense + expert;
+}
+
+// Priority classes of the profile onto the device's range (a lower number runs first).
+int stream_priority(const std::string& name, const gtp::comm::StreamPriorityRange& range) {
+  if (name == "high") return range.greatest;
+  if (name == "low") return range.least;
+  return range.least + (range.greatest - range.least) / 2;  // "normal": the middle, rounded toward least
+}
+
+gtp::comm::NcclGroupConfig nccl_config(const gtp::topology::GroupSettings& settings, const char* name) {
+  gtp::comm::NcclGroupConfig config;
+  config.cga_cluster_size = settings.nccl.cga_cluster_size;
+  config.min_ctas = settings.nccl.min_ctas;
+  config.max_ctas = settings.nccl.max_ctas;
+  config.net_name = settings.nccl.net_name;
+  config.comm_name = name;
+  return config;
+}
+
+// The device current on the calling thread, or GTP_ERROR_CUDA saying why there is none.
+int current_device() {
+  int count = 0;
+  cudaError_t error = cudaGetDeviceCount(&count);
+  if (error == cudaSuccess && count == 0) {
+    throw StatusError(GTP_ERROR_CUDA, "GTP_BACKEND_CUDA needs a CUDA device but none is present; use GTP_BACKEND_HOST");
+  }
+  int device = -1;
+  if (error == cudaSuccess) error = cudaGetDevice(&device);
+  if (error != cudaSuccess) {
+    throw StatusError(GTP_ERROR_CUDA, std::string("GTP_BACKEND_CUDA needs a CUDA device and driver, but CUDA reports: ") +
+                                          cudaGetErrorString(error) + "; use GTP_BACKEND_HOST on machines without GPUs");
+  }
+  return device;
+}
+
+// Host backend: one HostComm per distinct grid group family (a family equal to an earlier one shares
+// its communicator), each over a GroupBootstrap of the world bootstrap. Every rank builds the same
+// families in the same order, as GroupBootstrap requires.
+void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>>>& families,
+                std::chrono::milliseconds timeout) {
+  std::vector<gtp::comm::HostComm*> groups;
+  for (std::size_t f = 0; f < families.size(); ++f) {
+    const auto same = std::find(families.begin(), families.begin() + f, families[f]);
+    if (same != families.begin() + f) {
+      groups.push_back(groups[same - families.begin()]);
+      continue;
+    }
+    ctx.group_bootstraps.push_back(
+        std::make_unique<gtp::comm::GroupBootstrap>(*ctx.bootstrap, group_containing(families[f], ctx.rank)));
+    ctx.host_comms.push_back(std::make_unique<gtp::comm::HostComm>(*ctx.group_bootstraps.back(), timeout));
+    groups.push_back(ctx.host_comms.back().get());
+  }
+  ctx.backend = std::make_unique<gtp::remat::HostBackend>(groups);
+}
+
+// CUDA backend: a world NcclComm over the bootstrap, split once per distinct group family with that
+// group's nccl settings, and one CudaBackend over them whose side streams (gather and reduce-scatter
+// per group) run at the gtp_remat group's stream_priority.
+void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
+                const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
+  gtp::remat::CudaStreamPriorities priorities;
+  try {
+    const int priority = stream_priority(profile.group(kDenseGroup).stream_priority,
+                                         gtp::comm::stream_priority_range(device));
+    priorities.gather = priority;
+    priorities.reduce_scatter = priority;
+  } catch (const std::runtime_error& e) {  // the comm layer reports CUDA failures as comm::CommError
+    throw StatusError(GTP_ERROR_CUDA, "reading the stream priorities of device " + std::to_string(device) + ": " + e.what());
+  }
+  try {
+    ctx.nccl_world = std::make_unique<gtp::comm::NcclComm>(gtp::comm::NcclComm::create_world(*ctx.bootstrap, timeout));
+    const char* names[] = {kDenseGroup, kExpertGroup};
+    std::vector<gtp::comm::NcclComm*> groups;
+    for (std::size_t f = 0; f < families.size(); ++f) {
+      const auto same = std::find(families.begin(), families.begin() + f, families[f]);
+      if (same != families.begin() + f) {
+        groups.push_back(groups[same - families.begin()]);
+        continue;
+      }
+      const gtp::comm::NcclGroupConfig config = nccl_config(profile.group(names[f]), names[f]);
+      ctx.nccl_groups.push_back(std::make_unique<gtp::comm::NcclComm>(ctx.nccl_world->split(families[f], config, timeout)));
+      groups.push_back(ctx.nccl_groups.back().get());
+    }
+    ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, timeout, priorities);
+  } catch (const gtp::comm::CommError&) {
+    throw;  // NCCL init or the bootstrap: TIMEOUT or SYSTEM
+  } catch (const std::runtime_error& e) {
+    throw StatusError(GTP_ERROR_CUDA, std::string("setting up the CUDA backend on device ") + std::to_string(device) +
+                                          ": " + e.what());
+  }
+}
+
+}  // namespace
+
+void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
+  require(config != nullptr, "config is NULL; pass a gtp_context_config_t from GTP_CONTEXT_CONFIG_INITIALIZER");
+  require(out != nullptr, "out is NULL");
+  check_struct_size(config->struct_size, sizeof(gtp_context_config_t), "gtp_context_config_t");
+  const std::uint32_t major = config->header_version / 10000, minor = config->header_version / 100 % 100;
+  if (major != GTP_VERSION_MAJOR || minor != GTP_VERSION_MINOR) {
+    throw StatusError(GTP_ERROR_VERSION, "the caller was compiled against gtp.h " + std::to_string(major) + "." +
+                                             std::to_string(minor) + " but this libgtp is " +
+                                             std::to_string(GTP_VERSION_MAJOR) + "." + std::to_string(GTP_VERSION_MINOR) +
+                                             "; rebuild against this library's header");
+  }
+  require(config->timeout_ms > 0, "timeout_ms is " + std::to_string(config->timeout_ms) + "; give a positive timeout");
+  const int backend = as_int(config->backend), bootstrap = as_int(config->bootstrap);
+  require(backend == GTP_BACKEND_HOST || backend == GTP_BACKEND_CUDA,
+          "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST or GTP_BACKEND_CUDA");
+  // Before any collective: a rank without a device fails here instead of stalling its peers' NCCL init.
+  const int device = backend == GTP_BACKEND_CUDA ? current_device() : -1;
+  const std::chrono::milliseconds timeout(config->timeout_ms);
+
+  auto ctx = std::make_unique<gtp_context>();
+  if (bootstrap == GTP_BOOTSTRAP_CALLBACKS) {
+    require(config->callbacks != nullptr, "bootstrap is GTP_BOOTSTRAP_CALLBACKS but callbacks is NULL");
+    ctx->bootstrap = std::make_unique<gtp::comm::CallbackBootstrap>(*config->callbacks, timeout);
+  } else {
+    require(bootstrap == GTP_BOOTSTRAP_UCX_FROM_ENV,
+            "bootstrap " + std::to_string(bootstrap) + " is unknown; use GTP_BOOTSTRAP_CALLBACKS or _UCX_FROM_ENV");
+    ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(gtp::comm::UcxBootstrapConfig::from_env());
+  }
+  ctx->rank = ctx->bootstrap->rank();
+  const gtp::topology::Profile profile = profile_for(*config, ctx->bootstrap->world_size());
+  ctx->sizes = profile.sizes;
+  const gtp::topology::ParallelSizes& s = ctx->sizes;
+  ctx->group_wire[GTP_GROUP_GTP_REMAT] = wire_spec_of(profile.group(kDenseGroup));
+  ctx->group_wire[GTP_GROUP_EXPERT_GTP_REMAT] = wire_spec_of(profile.group(kExpertGroup));
+
+  gtp::remat::RuntimeConfig runtime;
+  runtime.depth = depth_for(*config, profile);
+  runtime.cache.budget_bytes = budget_for(*config, profile);
+  runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
+  runtime.trace_spans = config->trace_spans;
+
+  const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
+  if (backend == GTP_BACKEND_CUDA) {
+    build_cuda(*ctx, device, profile, families, timeout);
+  } else {
+    build_host(*ctx, families, timeout);
+  }
+
+  ctx->generation = next_generation.fetch_add(1);
+  ctx->grad_ready = config->grad_ready;
+  ctx->grad_ready_user_data = config->grad_ready_user_data;
+  if (ctx->grad_ready != nullptr) {
+    gtp_context* raw = ctx.get();
+    runtime.grads.grad_ready = [raw](WeightId id) { raw->grad_ready(raw->grad_ready_user_data, gtp_weight_t{id, raw->generation}); };
+  }
+  ctx->runtime = std::make_unique<gtp::remat::Runtime>(*ctx->backend, runtime);
+  *out = ctx.release();
+}
+
+}  // namespace gtp::cabi

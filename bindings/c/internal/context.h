@@ -1,0 +1,80 @@
+// Internal to the C ABI (bindings/c): the context object, the error types the entry points map to
+// gtp_status_t, argument-check helpers, and context creation (context_create.cc).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "comm/bootstrap.h"
+#include "comm/group_bootstrap.h"
+#include "comm/host.h"
+#include "comm/nccl.h"
+#include "gtp/gtp.h"
+#include "kernels/wire_format.h"
+#include "remat/backend.h"
+#include "remat/runtime.h"
+#include "topology/arithmetic.h"
+
+namespace gtp::cabi {
+
+// Misuse of call order or handle lifetime: GTP_ERROR_INVALID_STATE.
+class StateError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+// A failure with an explicit status (version mismatch, CUDA unavailable).
+class StatusError : public std::runtime_error {
+ public:
+  StatusError(gtp_status_t status, const std::string& message) : std::runtime_error(message), status(status) {}
+  gtp_status_t status;
+};
+
+// A C enum's value as an int, read without an enum-typed load: C callers may pass any int, which
+// would be undefined behaviour to load as a C++ enum whose values do not cover it.
+template <typename Enum>
+int as_int(const Enum& value) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized");
+  int result;
+  std::memcpy(&result, &value, sizeof(result));
+  return result;
+}
+
+inline void require(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+inline void check_struct_size(size_t given, size_t expected, const char* type) {
+  require(given == expected, std::string(type) + ".struct_size is " + std::to_string(given) + " but this library expects " +
+                                 std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
+}
+
+// gtp_context_create: checks the config, bootstraps, builds the grid's groups on the chosen backend
+// and the runtime; *out only on success.
+void create_context(const gtp_context_config_t* config, gtp_context_t** out);
+
+}  // namespace gtp::cabi
+
+struct gtp_context {
+  std::uint64_t generation = 0;
+  std::string last_error;
+  bool aborted = false;
+  int rank = 0;
+  gtp::topology::ParallelSizes sizes;
+  gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
+  gtp_grad_ready_fn grad_ready = nullptr;
+  void* grad_ready_user_data = nullptr;
+  // Destroyed bottom-up: the runtime before its backend, the backend before its communicators and
+  // streams, the communicators before the bootstraps they were built over.
+  std::unique_ptr<gtp::comm::Bootstrap> bootstrap;
+  std::vector<std::unique_ptr<gtp::comm::GroupBootstrap>> group_bootstraps;  // host: one per grid group
+  std::vector<std::unique_ptr<gtp::comm::HostComm>> host_comms;               // host: one per distinct group
+  std::unique_ptr<gtp::comm::NcclComm> nccl_world;                            // cuda
+  std::vector<std::unique_ptr<gtp::comm::NcclComm>> nccl_groups;              // cuda: one per distinct group
+  std::unique_ptr<gtp::remat::Backend> backend;
+  std::unique_ptr<gtp::remat::Runtime> runtime;
+};

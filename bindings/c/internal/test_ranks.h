@@ -78,6 +78,21 @@ inline nlohmann::json stats_of(gtp_context_t* ctx) {
   return nlohmann::json::parse(text.data());
 }
 
+// A context on `callbacks` (host backend), EXPECTing success.
+inline gtp_context_t* create(const gtp_bootstrap_callbacks_t& callbacks, const char* profile = nullptr, size_t trace = 0,
+                      gtp_grad_ready_fn ready = nullptr, void* ready_user = nullptr) {
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &callbacks;
+  config.profile_json = profile;
+  config.trace_spans = trace;
+  config.grad_ready = ready;
+  config.grad_ready_user_data = ready_user;
+  gtp_context_t* ctx = nullptr;
+  const gtp_status_t status = gtp_context_create(&config, &ctx);
+  EXPECT_EQ(status, GTP_SUCCESS) << gtp_last_error(nullptr);
+  return ctx;
+}
+
 }  // namespace gtp::cabi_test
 
 // Expects `status` with a last error of `ctx` (nullptr: the thread's context-free error) containing `text`.

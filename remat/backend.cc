@@ -33,6 +33,14 @@ void Backend::join_all(Stream waiter) {
   }
 }
 
+Backend::CollectiveBatch::~CollectiveBatch() {
+  if (!open_) return;
+  try {
+    backend_.end_collectives();
+  } catch (...) {  // only reached while an earlier error unwinds; that one is reported
+  }
+}
+
 void Backend::order(Stream waiter, Stream producer) {
   const Event event = record(producer);
   wait(waiter, event);

@@ -95,12 +95,57 @@ class Backend {
   // Orders later work on `waiter` after everything enqueued so far on every side stream.
   void join_all(Stream waiter);
 
+  // Collectives enqueued while a batch is open may be launched together when it is (one NCCL group
+  // on the CUDA backend, which enqueues every collective of the group at ncclGroupEnd). So nothing
+  // but collectives may be enqueued on their streams meanwhile: it would run before them.
+  class CollectiveBatch {
+   public:
+    explicit CollectiveBatch(Backend& backend) : backend_(backend) { backend_.begin_collectives(); }
+    // Enqueues the batch; throws what the backend's end_collectives throws.
+    void launch() {
+      open_ = false;
+      backend_.end_collectives();
+    }
+    // A batch left open by an exception is closed, its own errors dropped (the first error is thrown).
+    ~CollectiveBatch();
+    CollectiveBatch(const CollectiveBatch&) = delete;
+    CollectiveBatch& operator=(const CollectiveBatch&) = delete;
+
+   private:
+    Backend& backend_;
+    bool open_ = true;
+  };
+
+  // While a CallScope lives (the runtime opens one per public call), the backend may remember
+  // per-stream state it would otherwise query on every operation: the CUDA backend reads each
+  // stream's graph-capture status once. Only the user changes that state, between calls; the
+  // backend itself tracks the one change it makes (a wait that forks a stream into a capture).
+  class CallScope {
+   public:
+    explicit CallScope(Backend& backend) : backend_(backend) {
+      if (backend_.call_depth_++ == 0) backend_.begin_call();
+    }
+    ~CallScope() {
+      if (--backend_.call_depth_ == 0) backend_.end_call();
+    }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+   private:
+    Backend& backend_;
+  };
+
  protected:
+  virtual void begin_collectives() {}
+  virtual void end_collectives() {}
+  virtual void begin_call() {}
+  virtual void end_call() {}
   virtual void* do_allocate(std::int64_t bytes) = 0;
   virtual void do_deallocate(void* ptr) = 0;
 
  private:
   MemoryStats memory_;
+  int call_depth_ = 0;
 };
 
 }  // namespace gtp::remat

@@ -1,5 +1,6 @@
 #include "remat/cuda_backend.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -77,6 +78,12 @@ Stream CudaBackend::side_stream(int group, Role role) {
 }
 
 void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
+  if (batching_ && result == ncclSuccess) {  // enqueued by the batch's ncclGroupEnd
+    if (std::find(batch_comms_.begin(), batch_comms_.end(), &comm) == batch_comms_.end()) {
+      batch_comms_.push_back(&comm);
+    }
+    return;
+  }
   if (result == ncclInProgress) {
     comm.wait_enqueued(timeout_);
   } else if (result != ncclSuccess) {
@@ -148,11 +155,46 @@ const CudaBackend::Live& CudaBackend::live(Event id) const {
   return found->second;
 }
 
-unsigned long long CudaBackend::capture_id(cudaStream_t stream) const {
+void CudaBackend::begin_collectives() {
+  if (batching_) throw std::logic_error("CudaBackend: collective batches do not nest");
+  const ncclResult_t result = ncclGroupStart();
+  if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
+  batching_ = true;
+  batch_comms_.clear();
+}
+
+void CudaBackend::end_collectives() {
+  batching_ = false;
+  const ncclResult_t result = ncclGroupEnd();
+  if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
+    for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
+  } else if (result != ncclSuccess) {
+    throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
+  }
+}
+
+void CudaBackend::begin_call() {
+  in_call_ = true;
+  capture_memo_.clear();
+}
+
+void CudaBackend::end_call() {
+  in_call_ = false;
+  capture_memo_.clear();
+}
+
+unsigned long long CudaBackend::capture_id(cudaStream_t stream) {
+  if (in_call_) {
+    for (const auto& [known, id] : capture_memo_) {
+      if (known == stream) return id;
+    }
+  }
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
   check(cudaStreamGetCaptureInfo(stream, &status, &id), "cudaStreamGetCaptureInfo");
-  return status == cudaStreamCaptureStatusActive ? id : 0;
+  if (status != cudaStreamCaptureStatusActive) id = 0;
+  if (in_call_) capture_memo_.emplace_back(stream, id);
+  return id;
 }
 
 bool CudaBackend::capturing(Stream stream) { return capture_id(static_cast<cudaStream_t>(stream)) != 0; }
@@ -181,6 +223,11 @@ void CudaBackend::wait(Stream stream, Event id) {
   // is active, the wait below is what forks this stream into it.)
   if (capture == 0 && entry.capture != 0 && capture_id(entry.stream) != entry.capture) return;
   check(cudaStreamWaitEvent(s, entry.event, 0), "cudaStreamWaitEvent");
+  if (capture == 0 && entry.capture != 0) {  // `s` joined that capture
+    for (auto& [known, id] : capture_memo_) {
+      if (known == s) id = entry.capture;
+    }
+  }
 }
 
 void CudaBackend::forget(Event id) {

@@ -83,6 +83,12 @@ class CudaBackend : public Backend {
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
+  // One ncclGroupStart / ncclGroupEnd around a batch (Backend::CollectiveBatch).
+  void begin_collectives() override;
+  void end_collectives() override;
+  // Within a call, each stream's capture status is read once (capture_id).
+  void begin_call() override;
+  void end_call() override;
 
  private:
   comm::NcclComm& comm(int group) const;
@@ -93,7 +99,8 @@ class CudaBackend : public Backend {
     unsigned long long capture;  // id of the capture it was recorded in; 0: recorded eagerly
   };
   const Live& live(Event id) const;
-  unsigned long long capture_id(cudaStream_t stream) const;
+  // The id of the capture `stream` is part of, 0 if none; remembered within a call.
+  unsigned long long capture_id(cudaStream_t stream);
 
   int device_;
   std::vector<comm::NcclComm*> groups_;
@@ -104,6 +111,10 @@ class CudaBackend : public Backend {
   std::unordered_map<Event, Live> live_;
   std::vector<std::unique_ptr<std::function<void()>>> graph_callbacks_;  // captured host callbacks
   Event next_ = 0;
+  bool batching_ = false;
+  std::vector<comm::NcclComm*> batch_comms_;  // the communicators of the open batch's collectives
+  bool in_call_ = false;
+  std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
 };
 
 // dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).

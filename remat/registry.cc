@@ -70,8 +70,12 @@ WeightId Registry::add(const WeightDesc& desc) {
   weight.layout = kernels::chunk_layout(desc.wire, weight.geometry.shard_rows, desc.cols);
   weight.valid_rows = weight.geometry.valid_rows(backend_.group_rank(desc.group));
   weight.gemm = gemm_placement(desc.wire, weight.geometry);
+  weight.gathers_in_place = desc.wire.format == kernels::WireFormat::kBF16 && weight.layout.data_offset == 0 &&
+                            weight.layout.chunk_bytes == weight.geometry.shard_rows * desc.cols * 2;
   weight.output_bytes =
-      std::max(kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment), weight.gemm.bytes);
+      weight.gathers_in_place
+          ? 0
+          : std::max(kernels::round_up(desc.rows * desc.cols * 2, kernels::kSectionAlignment), weight.gemm.bytes);
   if (weight.valid_rows > 0 && desc.shard == nullptr) {
     throw std::invalid_argument(quoted(desc) + ": shard is null but this rank holds " +
                                 std::to_string(weight.valid_rows) + " rows; pass the shard pointer");

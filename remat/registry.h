@@ -43,8 +43,12 @@ struct Weight {
   kernels::ChunkLayout layout;
   std::int64_t valid_rows = 0;          // rows of this rank's shard
   GemmPlacement gemm;                   // the GEMM-ready layout within the output region
+  // BF16 wire whose gathered chunks are the padded rows back to back: the gathered bytes ARE the
+  // weight (its first rows x cols), so the gather writes it in place and nothing unpacks it.
+  bool gathers_in_place = false;
   // The output region of a slot: the larger of the BF16 weight (rows x cols x 2) and the GEMM layout,
-  // rounded to kSectionAlignment, so any slot serves either layout of the weight.
+  // rounded to kSectionAlignment, so any slot serves either layout of the weight; 0 when
+  // gathers_in_place.
   std::int64_t output_bytes = 0;
   void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes)
   std::uint64_t version = 0;            // packs so far; 0: never packed

@@ -91,28 +91,44 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
   Cache::Slot& slot = cache_.slot(index);
   const Stream stream = slot.filler;
-  std::set<Stream> joined = {stream};
+  std::vector<Stream>& joined = joined_scratch_;  // reused: no allocation per fill
+  joined.assign(1, stream);
   for (WeightId id : key) {
     const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
-    if (joined.insert(gather).second) backend_.order(stream, gather);
+    if (std::find(joined.begin(), joined.end(), gather) != joined.end()) continue;
+    joined.push_back(gather);
+    backend_.order(stream, gather);
+  }
+  // The key's all-gathers go out as one batch (one NCCL group on the CUDA backend), then the unpacks:
+  // nothing else may sit between them on the stream, because a batch launches at its end.
+  std::string names;
+  {
+    Backend::CollectiveBatch batch(backend_);
+    char* next = static_cast<char*>(slot.ptr);
+    for (WeightId id : key) {
+      const Weight& w = registry_.get(id);
+      const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
+      backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+      next += gathered + w.output_bytes;
+      if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
+      weight_stats_[id].gathered_bytes += gathered;
+      if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+    }
+    batch.launch();
   }
   char* next = static_cast<char*>(slot.ptr);
-  std::string names;
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-    backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
     const kernels::GatheredChunks chunks{next, gathered, w.geometry};
     char* region = next + gathered;
+    next = region + w.output_bytes;
+    if (w.gathers_in_place) continue;  // the gathered rows are the weight
     if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
       backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
     } else {
       backend_.unpack(stream, w.desc.wire, chunks, region, w.output_bytes);
     }
-    next += gathered + w.output_bytes;
-    if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
-    weight_stats_[id].gathered_bytes += gathered;
-    if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
   }
   slot.key = key;
   slot.versions = versions(key);
@@ -126,13 +142,14 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
   char* next = static_cast<char*>(cache_.slot(index).ptr);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
-    next += w.geometry.group_size * w.layout.chunk_bytes;
+    const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
     Materialized m;
     m.wire = w.desc.wire;
     m.rows = w.desc.rows;
     m.cols = w.desc.cols;
     m.shard_rows = w.geometry.shard_rows;
-    m.data = next;
+    m.data = w.gathers_in_place ? next : next + gathered;
+    next += gathered;
     if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
       const kernels::GemmOutputs g = gemm_outputs(w, next);
       m.layout = Layout::kGemm;
@@ -269,6 +286,7 @@ std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Pha
 
 std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::int64_t n, Phase phase, int chunk,
                                                      Layout layout, Stream stream) {
+  const Backend::CallScope scope(backend_);
   if (layout != Layout::kBF16 && layout != Layout::kGemm) {
     throw std::invalid_argument("layout " + std::to_string(static_cast<int>(layout)) + " is unknown; use BF16 or GEMM");
   }
@@ -324,6 +342,7 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
 }
 
 void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout) {
+  const Backend::CallScope scope(backend_);
   ChainKey key(registry_.expand(ids, n), layout.value_or(Layout::kBF16));
   if (!layout) {
     const int bf16 = cache_.find_held(key);
@@ -349,11 +368,13 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
 }
 
 float* Runtime::grad_buffer(WeightId id, Stream stream) {
+  const Backend::CallScope scope(backend_);
   join_capture(stream);
   return grads_.buffer(id, stream);
 }
 
 void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {
+  const Backend::CallScope scope(backend_);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
   join_capture(stream);
   grads_.finalize(registry_.expand(ids, n), last_microbatch, stream);
@@ -361,6 +382,7 @@ void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch
 }
 
 void Runtime::drain(Stream stream, Head head) {
+  const Backend::CallScope scope(backend_);
   const bool captured = backend_.capturing(stream);
   if (captured && head == Head::kAfterShardUpdate) {
     throw std::invalid_argument(
@@ -402,6 +424,7 @@ void Runtime::drain(Stream stream, Head head) {
 }
 
 void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
+  const Backend::CallScope scope(backend_);
   const ChainKey updated = registry_.expand(ids, n);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
   registry_.shard_updated(ids, n, stream);

@@ -155,6 +155,7 @@ class Runtime {
   Trace trace_;
   std::vector<std::int64_t> boundary_;  // boundary() after the latest drain
   bool head_deferred_ = false;          // drain(.., kAfterShardUpdate): shard_updated prefetches the head
+  std::vector<Stream> joined_scratch_;  // fill()'s gather streams joined so far
 };
 
 }  // namespace gtp::remat

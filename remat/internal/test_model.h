@@ -382,8 +382,14 @@ inline void check_gemm_layout(comm::HostComm& comm, const kernels::WireSpec& spe
     desc.expert_leader = (w == 0 || static_cast<int>(w) >= experts) ? kNoWeight : ids[0];
     ids.push_back(runtime.register_weight(desc));
     const Weight& weight = runtime.registry().get(ids.back());
-    EXPECT_GE(weight.output_bytes, weight.gemm.bytes);
-    EXPECT_GE(weight.output_bytes, rows[w] * cols * 2);
+    EXPECT_EQ(weight.gathers_in_place, spec.format == kernels::WireFormat::kBF16);
+    if (weight.gathers_in_place) {  // the gathered chunks hold the weight; no output region
+      EXPECT_EQ(weight.output_bytes, 0);
+      EXPECT_GE(weight.geometry.group_size * weight.layout.chunk_bytes, rows[w] * cols * 2);
+    } else {
+      EXPECT_GE(weight.output_bytes, weight.gemm.bytes);
+      EXPECT_GE(weight.output_bytes, rows[w] * cols * 2);
+    }
   }
   for (WeightId leader : {ids[0], ids[3]}) {
     std::int64_t bytes = 0;

@@ -1,9 +1,12 @@
 // Host overhead of gtp_materialize + gtp_release through the C ABI, per weight, on the prefetch-hit
-// path: host backend, G = 1, tiny BF16 weights, 1 / 8 / 64 weights per call, depth 1..4. Reported as
-// us_per_weight (target <= 3 us), with allocations after warm-up (must be 0) and the cache's slot
-// bytes against the (depth + 1) x largest-group bound as counters.
+// path: G = 1, tiny weights, 1 / 8 / 64 weights per call, depth 1..4, on the host backend (BF16 wire)
+// and, where a CUDA device is present, on GTP_BACKEND_CUDA (a size-1 NCCL group) with the BF16 wire
+// (gathered in place) and the FP8 wire (gather + unpack kernel). Reported as us_per_weight (CPU time;
+// target <= 3 us), with allocations after warm-up (must be 0) and the cache's slot bytes against the
+// (depth + 1) x largest-group bound as counters.
 //   bazel run -c opt //bench/remat:c_abi_overhead_bench -- --benchmark_out=$PWD/out.json
 #include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
 
 #include <cstring>
 #include <stdexcept>
@@ -14,6 +17,7 @@
 
 #include "bench/remat/overhead_model.h"
 #include "gtp/gtp.h"
+#include "kernels/cuda_kernels.h"
 
 namespace gtp::bench::remat {
 namespace {
@@ -42,9 +46,17 @@ nlohmann::json stats(gtp_context_t* ctx) {
   return nlohmann::json::parse(text);
 }
 
+void cuda_ok(cudaError_t error, const char* what) {
+  if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
+}
+
+// Arguments: weights per call, depth, backend (GTP_BACKEND_HOST / _CUDA), wire (GTP_WIRE_BF16 / _FP8).
 void BM_CAbiMaterializeRelease(benchmark::State& state) {
   const int per_call = static_cast<int>(state.range(0));
   const int depth = static_cast<int>(state.range(1));
+  const auto backend = static_cast<gtp_backend_t>(state.range(2));
+  const auto wire = static_cast<gtp_wire_t>(state.range(3));
+  const bool cuda = backend == GTP_BACKEND_CUDA;
   gtp_bootstrap_callbacks_t callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
   callbacks.struct_size = sizeof callbacks;
@@ -57,41 +69,54 @@ void BM_CAbiMaterializeRelease(benchmark::State& state) {
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
   config.callbacks = &callbacks;
   config.prefetch_depth = depth;
+  config.backend = backend;
   gtp_context_t* ctx = nullptr;
   ok(gtp_context_create(&config, &ctx), nullptr, "gtp_context_create");
 
-  std::vector<std::uint16_t> shard(kRows * kCols, 0x3F80);
+  std::vector<std::uint16_t> host_shard(kRows * kCols, 0x3F80);
+  void* shard = host_shard.data();
+  cudaStream_t stream = nullptr;
+  if (cuda) {
+    cuda_ok(cudaMalloc(&shard, host_shard.size() * 2), "cudaMalloc");
+    cuda_ok(cudaMemcpy(shard, host_shard.data(), host_shard.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
   std::vector<gtp_weight_t> weights(static_cast<std::size_t>(kCallsPerStep) * per_call);
   for (std::size_t i = 0; i < weights.size(); ++i) {
     gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
     const std::string name = "w" + std::to_string(i);
     desc.name = name.c_str();
-    desc.shard = shard.data();
+    desc.shard = shard;
     desc.rows = kRows;
     desc.cols = kCols;
+    desc.wire = wire;
     ok(gtp_weight_register(ctx, &desc, &weights[i]), ctx, "gtp_weight_register");
   }
-  ok(gtp_weights_shard_updated(ctx, weights.data(), weights.size(), nullptr), ctx, "gtp_weights_shard_updated");
+  ok(gtp_weights_shard_updated(ctx, weights.data(), weights.size(), stream), ctx, "gtp_weights_shard_updated");
   std::vector<void*> out(per_call);
   size_t count = 0;
   const auto step = [&] {
     for (int c = 0; c < kCallsPerStep; ++c) {
       const gtp_weight_t* ws = weights.data() + static_cast<std::size_t>(c) * per_call;
       ok(gtp_materialize(ctx, ws, per_call, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, out.data(), out.size(), &count,
-                         nullptr),
+                         stream),
          ctx, "gtp_materialize");
-      ok(gtp_release(ctx, ws, per_call, nullptr), ctx, "gtp_release");
+      ok(gtp_release(ctx, ws, per_call, stream), ctx, "gtp_release");
     }
   };
   for (int s = 0; s < kWarmupSteps; ++s) {
     step();
-    ok(gtp_drain(ctx, nullptr), ctx, "gtp_drain");
+    ok(gtp_drain(ctx, stream), ctx, "gtp_drain");
   }
+  if (cuda) cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   const nlohmann::json warm = stats(ctx);
   for (auto _ : state) {
     step();
-    state.PauseTiming();  // the drain (end of step, head prefetch) is not part of the per-call cost
-    ok(gtp_drain(ctx, nullptr), ctx, "gtp_drain");
+    // The drain (end of step, head prefetch), and keeping the device from falling behind, are not
+    // part of the per-call cost.
+    state.PauseTiming();
+    ok(gtp_drain(ctx, stream), ctx, "gtp_drain");
+    if (cuda) cuda_ok(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     state.ResumeTiming();
   }
   const nlohmann::json end = stats(ctx);
@@ -105,12 +130,37 @@ void BM_CAbiMaterializeRelease(benchmark::State& state) {
   state.counters["allocations_after_warmup"] =
       end["memory"]["allocations"].get<double>() - warm["memory"]["allocations"].get<double>();
   state.counters["materialized_bytes"] = end["cache"]["slot_bytes"].get<double>();
-  state.counters["materialized_bound"] = static_cast<double>((depth + 1) * group_bytes(per_call, 1));
+  state.counters["materialized_bound"] =
+      static_cast<double>((depth + 1) * group_bytes(per_call, 1, wire == GTP_WIRE_FP8 ? kernels::WireFormat::kFP8
+                                                                                     : kernels::WireFormat::kBF16));
   ok(gtp_context_destroy(ctx), nullptr, "gtp_context_destroy");
+  if (cuda) {
+    cudaFree(shard);
+    cudaStreamDestroy(stream);
+  }
 }
-BENCHMARK(BM_CAbiMaterializeRelease)->Apply(overhead_args<benchmark::internal::Benchmark>)->ArgNames({"weights", "depth"});
 
 }  // namespace
 }  // namespace gtp::bench::remat
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using namespace gtp::bench::remat;
+  const auto add = [](const char* name, gtp_backend_t backend, gtp_wire_t wire) {
+    auto* b = benchmark::RegisterBenchmark(name, BM_CAbiMaterializeRelease);
+    for (int weights : {1, 8, 64})
+      for (int depth = 1; depth <= 4; ++depth) b->Args({weights, depth, backend, wire});
+    b->ArgNames({"weights", "depth", "backend", "wire"});
+  };
+  add("BM_CAbiMaterializeRelease/host/bf16", GTP_BACKEND_HOST, GTP_WIRE_BF16);
+  std::string why;
+  if (gtp::kernels::cuda_device_available(&why)) {
+    add("BM_CAbiMaterializeRelease/cuda/bf16", GTP_BACKEND_CUDA, GTP_WIRE_BF16);
+    add("BM_CAbiMaterializeRelease/cuda/fp8", GTP_BACKEND_CUDA, GTP_WIRE_FP8);
+  } else {
+    std::printf("no CUDA device: %s; only the host backend runs\n", why.c_str());
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

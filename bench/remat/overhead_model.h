@@ -4,9 +4,11 @@
 // (depth + 1) x the largest weight group (docs/remat.md, Cache).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/wire_format.h"
+#include "remat/registry.h"
 
 namespace gtp::bench::remat {
 
@@ -16,12 +18,18 @@ inline constexpr std::int64_t kCols = 32;
 inline constexpr int kWarmupSteps = 3;     // recording, first prefetching step, one more
 
 // Slot bytes of one materialize call of `weights` such weights on a group of `group_size` (the runtime's
-// layout: the G gathered chunks, then the BF16 output, per weight).
-inline std::int64_t group_bytes(std::int64_t weights, std::int64_t group_size) {
-  const kernels::WireSpec spec{kernels::WireFormat::kBF16};
+// layout: the G gathered chunks, then the BF16 output, per weight; a BF16 wire is gathered in place and
+// has no output region).
+inline std::int64_t group_bytes(std::int64_t weights, std::int64_t group_size,
+                                kernels::WireFormat format = kernels::WireFormat::kBF16) {
+  const kernels::WireSpec spec{format};
   const auto geometry = kernels::weight_geometry(spec.format, kRows, kCols, group_size);
   const auto layout = kernels::chunk_layout(spec, geometry.shard_rows, kCols);
-  const std::int64_t output = kernels::round_up(kRows * kCols * 2, kernels::kSectionAlignment);
+  const std::int64_t output =
+      format == kernels::WireFormat::kBF16
+          ? 0
+          : std::max(kernels::round_up(kRows * kCols * 2, kernels::kSectionAlignment),
+                     gtp::remat::gemm_placement(spec, geometry).bytes);
   return weights * (group_size * layout.chunk_bytes + output);
 }
 

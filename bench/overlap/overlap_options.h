@@ -46,9 +46,12 @@ struct LayerShape {
 };
 LayerShape layer_shape(const Options& options, int layer);
 
-// The gather of one BF16 weight of `elements` elements as the runtime does it: an all-gather of the
-// wire chunks, then the unpack into the BF16 output. On one rank the all-gather is a device copy
-// through a size-1 communicator, so both passes move the bytes at the copy rate.
+// The gather of one weight of `elements` elements with an unpack, as the runtime does it for a
+// quantized wire: an all-gather of the wire chunks (modeled at BF16 size, the upper bound), then the
+// unpack into the BF16 output. On one rank the all-gather is a device copy through a size-1
+// communicator, so both passes move the bytes at the copy rate. The BF16 wire is gathered in place
+// (no unpack pass), so for it this is twice the copy on one rank: the sizing keeps every wire's
+// gather within the GEMM, and each configuration records the measured gather next to the GEMM.
 //   copy_bytes_per_s: bytes copied per second by a device-to-device copy (measured)
 //   busbw_bytes_per_s: the all-gather's bus bandwidth (nccl-tests' definition) when G > 1
 double gather_seconds(std::int64_t elements, int group_size, double copy_bytes_per_s, double busbw_bytes_per_s);

@@ -9,6 +9,8 @@
 # commit in the JSON.
 # GTP_DEADLINE (seconds, default 530): steps that would run past it are cut or skipped, so the
 # results always come back within one device call.
+# GTP_STEPS (default all): a comma-separated subset, in this file's order, of
+# tests,kernels,overlap,sanitizers,python,torch_peer,remat,comm,topology.
 set -uo pipefail
 source bench/gpu_env.sh
 export GTP_DEADLINE_EPOCH=$(( $(date +%s) + ${GTP_DEADLINE:-530} ))
@@ -25,20 +27,32 @@ timed() {  # timed LIMIT NAME COMMAND...: output to NAME.log, one line with the 
   timeout "$limit" "$@" > "$work/$name.log" 2>&1
   echo "== $name exit $? ($((SECONDS - start)) s)"
 }
-GTP_STEP_LIMIT=120 bash bench/check_h200.sh tests
-timed 120 kernels $bin/gtp-kernel-bench --json "$work/kernel_bench.json"
-grep -E "^(fp8|mxfp8|nvfp4_1d|nvfp4_2d|bf16|-) .* (64|256) " "$work/kernels.log"
-timed 240 overlap bash bench/run_h200.sh overlap
-grep -E "^(resident|gtp|sizes|rates|auto-size|one rank|gtp-overlap-bench exit)" "$work/overlap.log" | head -60
-GTP_STEP_LIMIT=90 bash bench/check_h200.sh sanitizers
-if [ -f bindings/python/gpu_h200.sh ]; then
+steps=",${GTP_STEPS:-all},"
+wanted() { [ "$steps" = ",all," ] || [[ "$steps" == *",$1,"* ]]; }
+if wanted tests; then GTP_STEP_LIMIT=120 bash bench/check_h200.sh tests; fi
+if wanted kernels; then
+  timed 120 kernels $bin/gtp-kernel-bench --json "$work/kernel_bench.json"
+  grep -E "^(fp8|mxfp8|nvfp4_1d|nvfp4_2d|bf16|-) .* (64|256) " "$work/kernels.log"
+fi
+if wanted overlap; then
+  timed 240 overlap bash bench/run_h200.sh overlap
+  grep -E "^(resident|gtp|sizes|rates|auto-size|one rank|gtp-overlap-bench exit)" "$work/overlap.log" | head -60
+fi
+if wanted sanitizers; then GTP_STEP_LIMIT=90 bash bench/check_h200.sh sanitizers; fi
+if wanted python && [ -f bindings/python/gpu_h200.sh ]; then
   timed 240 python bash bindings/python/gpu_h200.sh
   tail -n 30 "$work/python.log"
 fi
-timed 180 torch_peer env PYTHONUNBUFFERED=1 python3 bench/peers/torch_quant_peer.py --json "$work/torch_peer.json"
-grep -v Warning "$work/torch_peer.log" | tail -n 30
-timed 60 remat bash bench/run_h200.sh remat
-grep -E "^BM_Cuda" "$work/remat.log" | head -12
-timed 300 comm bash bench/run_h200.sh comm
-grep -E "^\[0\] .*(gtp_wire|#wrong|nccl )|^==" "$work/comm.log" | grep -E "gtp_wire|==" | head -40
-timed 60 topology bash bench/run_h200.sh topology
+if wanted torch_peer; then
+  timed 180 torch_peer env PYTHONUNBUFFERED=1 python3 bench/peers/torch_quant_peer.py --json "$work/torch_peer.json"
+  grep -v Warning "$work/torch_peer.log" | tail -n 30
+fi
+if wanted remat; then
+  timed 90 remat bash bench/run_h200.sh remat
+  grep -E "^BM_C" "$work/remat.log" | head -80
+fi
+if wanted comm; then
+  timed 300 comm bash bench/run_h200.sh comm
+  grep -E "^\[0\] .*(gtp_wire|#wrong|nccl )|^==" "$work/comm.log" | grep -E "gtp_wire|==" | head -40
+fi
+if wanted topology; then timed 60 topology bash bench/run_h200.sh topology; fi

@@ -6,7 +6,8 @@
 # $OUT. Set GTP_COMMIT to record the commit.
 #   bench/run_h200.sh [kernels|comm|topology|remat|overlap|all]     (default all)
 # remat: the runtime's host overhead per weight on the CUDA backend (cuda_overhead_bench; it needs
-# libbenchmark.so.1debian, carried in .carry/lib) -> $OUT/remat_overhead_gpu.json.
+# libbenchmark.so.1debian, carried in .carry/lib) -> $OUT/remat_overhead_gpu.json, and the same through
+# the C ABI (c_abi_overhead_bench) -> $OUT/remat_overhead_capi_gpu.json.
 set -uo pipefail
 what=${1:-all}
 bin=.carry/bin
@@ -39,6 +40,10 @@ if [ "$what" = remat ] || [ "$what" = all ]; then
   echo "== remat host overhead on the CUDA backend"
   LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/cuda_overhead_bench \
     --benchmark_out="$out/remat_overhead_gpu.json" --benchmark_out_format=json \
+    --benchmark_context=commit="${GTP_COMMIT:-unknown}" 2>&1
+  echo "== remat host overhead through the C ABI (host backend, then GTP_BACKEND_CUDA)"
+  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/c_abi_overhead_bench \
+    --benchmark_out="$out/remat_overhead_capi_gpu.json" --benchmark_out_format=json \
     --benchmark_context=commit="${GTP_COMMIT:-unknown}" 2>&1
 fi
 if [ "$what" = comm ] || [ "$what" = all ]; then

@@ -164,6 +164,10 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
 def init_rank(rank, world, store_dir, config):
     torch.set_num_threads(1)
     if config["backend"] == "cuda":
+        # Deterministic kernels (cuBLAS needs a fixed workspace for it), so that GTP off and GTP on with
+        # the BF16 wire can be compared bit for bit on the GPU too.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
         torch.cuda.set_device(rank)
     store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
     backend = "nccl" if config["backend"] == "cuda" else "gloo"

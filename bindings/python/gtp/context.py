@@ -158,7 +158,8 @@ class Context:
 
     store: an object with set/get (see gtp.bootstrap), or None to bootstrap over UCX from the
     environment gtp-launch sets (GTP_RANK, GTP_WORLD_SIZE, GTP_ROOT_ADDR).
-    grad_ready: optional callable(weight) run after a weight's main-grad add (inside finalize or drain).
+    grad_ready: optional callable(weight) run after a weight's main-grad add (inside finalize or drain);
+    host backend only (ValueError with backend="cuda").
     prefetch_depth, memory_budget_bytes: None takes the profile's group settings (GTP_FROM_PROFILE).
     backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
     Use it as a context manager, or call close() (collective) at the end.
@@ -193,9 +194,16 @@ class Context:
         config.memory_budget_bytes = _lib.FROM_PROFILE if memory_budget_bytes is None else memory_budget_bytes
         config.accumulate_microbatches = 1 if accumulate_microbatches else 0
         config.trace_spans = trace_spans
-        # Always installed (kept alive here): it dispatches to self.grad_ready, which may change later.
-        self._grad_ready_fn = _lib.GRAD_READY_FN(self._on_grad_ready)
-        config.grad_ready = self._grad_ready_fn
+        # On the host backend always installed (kept alive here): it dispatches to self.grad_ready, which
+        # may change later. On CUDA libgtp runs it on the driver's host-function thread, where entering
+        # Python could deadlock on the GIL against a thread waiting for that stream: not installed.
+        if backend == "cuda" and grad_ready is not None:
+            raise ValueError("grad_ready is not supported with backend='cuda': libgtp calls it on CUDA's "
+                             "host-function thread, which must not enter Python; use gtp.torch's "
+                             "register_grad_ready_hook (run at drain) or poll after drain")
+        self._grad_ready_fn = _lib.GRAD_READY_FN(self._on_grad_ready) if backend != "cuda" else None
+        if self._grad_ready_fn is not None:
+            config.grad_ready = self._grad_ready_fn
         self.backend = backend
         handle = ctypes.c_void_p()
         check(self._lib.gtp_context_create(ctypes.byref(config), ctypes.byref(handle)), None)

@@ -147,6 +147,12 @@ def test_cuda_backend_without_a_device_is_a_cuda_error(tmp_path):
     assert "GTP_ERROR_CUDA" in str(e.value) and e.value.message
 
 
+def test_grad_ready_callback_is_refused_on_the_cuda_backend(tmp_path):
+    # libgtp would call it on CUDA's host-function thread; refused before anything is created.
+    with pytest.raises(ValueError, match="host-function thread"):
+        gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1, backend="cuda", grad_ready=print)
+
+
 def test_missing_peer_is_a_timeout(tmp_path):
     with pytest.raises(gtp.TimeoutError) as e:
         gtp.Context(gtp.FileStore(str(tmp_path), timeout_s=1), 0, 2, timeout_s=1)

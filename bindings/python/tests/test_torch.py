@@ -193,12 +193,16 @@ def test_cuda_linear_matches_plain_on_one_gpu(tmp_path):
         sharded = gt.Linear(IN, OUT, context=ctx)
         torch.manual_seed(5)
         plain = gt.Linear(IN, OUT, device="cuda")
+        ready = []
+        sharded.weight.register_grad_ready_hook(ready.append)
         x = torch.randn(6, IN, device="cuda")
         assert torch.equal(sharded(x), plain(x))
-        sharded(x).sum().backward()
-        plain(x).sum().backward()
+        for _ in range(2):  # the second backward adds into .grad
+            sharded(x).sum().backward()
+            plain(x).sum().backward()
         torch.cuda.synchronize()
         assert torch.equal(sharded.weight.grad, plain.weight.grad)
+        assert ready == [sharded.weight, sharded.weight], "the hook runs at each drain on CUDA"
 
 
 def test_explicit_drain_accumulates_microbatches_like_autograd(tmp_path):

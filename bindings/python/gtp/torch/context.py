@@ -70,14 +70,17 @@ class Context(core.Context):
             store = TorchStore(store)
         if backend == "cuda":
             self.device = torch.device(device if device is not None else f"cuda:{torch.cuda.current_device()}")
+            # No libgtp grad-ready callback: on CUDA it runs on the driver's host-function thread, which
+            # must not enter Python (it would wait for the GIL while holding the stream). drain() moves
+            # the grads and runs the hooks instead.
             with torch.cuda.device(self.device):  # libgtp's CUDA backend takes the current device at create
-                super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready,
-                                 **kwargs)
+                super().__init__(store, rank, world_size, backend=backend, **kwargs)
         else:
             self.device = torch.device("cpu")
             super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
         self.auto_drain = auto_drain
-        self._ready = []            # parameters whose main-grad add ran since the last drain
+        self._ready = []            # host: parameters whose main-grad add ran since the last drain
+        self._finalized = []        # CUDA: parameters finalized since the last drain
         self._drain_queued = False
         self._drains_per_step = 0  # attach_optimizer's microbatches; 0: no optimizer attached
         self._drains = 0
@@ -130,13 +133,30 @@ class Context(core.Context):
             self._drains += 1
             defer_head = self._drains_per_step > 0 and self._drains % self._drains_per_step == 0
         super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
-        ready, self._ready = self._ready, []
-        for param in dict.fromkeys(ready):  # once each, in ready order
+        # The host backend has run every callback by now. On CUDA the adds are only enqueued: every
+        # parameter finalized since the last drain has its add ordered before the current stream's
+        # next work (drain joined it), so its grad moves there, and its hooks run here.
+        cuda = self.device.type == "cuda"
+        if cuda:
+            ready, self._finalized = self._finalized, []
+        else:
+            ready, self._ready = self._ready, []
+        ready = list(dict.fromkeys(ready))  # once each, in order
+        for param in ready:
             if param.grad is None:
                 param.grad = param.main_grad.clone()
             else:
                 param.grad.add_(param.main_grad)
             param.main_grad.zero_()
+        if cuda:
+            for param in ready:
+                for hook in param._grad_ready_hooks:
+                    hook(param)
+
+    def note_finalized(self, params):
+        """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves these grads."""
+        if self.device.type == "cuda":
+            self._finalized.extend(params)
 
     def shard_updated(self, weights=None, stream=None):
         """Collective re-pack of the wire chunks after an optimizer step. weights: gtp.Weight or

@@ -101,13 +101,16 @@ class ShardedParameter(torch.nn.Parameter):
                 if wgrad.data_ptr() != buffer.data_ptr():
                     buffer.add_(wgrad)
         self.context.finalize([self.gtp_weight], stream=self.context.stream())
+        self.context.note_finalized(self.group_members)
         for member in self.group_members:
             member.grad_added_to_main_grad = True
         return None
 
     def register_grad_ready_hook(self, hook):
-        """hook(param) runs when libgtp has added this shard's gradient into main_grad (the DDP signal;
-        on CUDA the add is enqueued, ordered before the next drain on the current stream)."""
+        """hook(param) runs when libgtp has added this shard's gradient into main_grad (the DDP signal).
+        Host backend: from libgtp's callback, inside finalize or drain. CUDA backend: at drain, on the
+        calling thread, after .grad was updated on the current stream (libgtp's callback runs on the
+        driver's host-function thread, which must not enter Python)."""
         self._grad_ready_hooks.append(hook)
         return hook
 

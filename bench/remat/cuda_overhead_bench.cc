@@ -88,6 +88,99 @@ void BM_CudaMaterializeRelease(benchmark::State& state) {
   cudaStreamDestroy(stream);
 }
 
+// What the runtime's per-weight cost is made of: the host time of each CUDA / NCCL call one prefetch-hit
+// materialize + release makes, alone (a size-1 group, tiny buffers; the stream is synchronized every
+// kSyncEvery calls, untimed, so the device queue never fills).
+constexpr int kSyncEvery = 512;
+
+struct CallFixture {
+  std::vector<std::unique_ptr<comm::ThreadBootstrap>> bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+  void* src = nullptr;
+  void* dst = nullptr;
+  CallFixture() {
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess || cudaMalloc(&src, 1 << 16) != cudaSuccess ||
+        cudaMalloc(&dst, 1 << 16) != cudaSuccess) {
+      throw std::runtime_error("CallFixture: CUDA setup failed");
+    }
+    cudaEventRecord(event, stream);
+  }
+  ~CallFixture() {
+    cudaStreamSynchronize(stream);
+    cudaFree(src);
+    cudaFree(dst);
+    cudaEventDestroy(event);
+    cudaStreamDestroy(stream);
+  }
+};
+
+template <typename Call>
+void time_calls(benchmark::State& state, CallFixture& f, Call&& call) {
+  int n = 0;
+  for (auto _ : state) {
+    call();
+    if (++n % kSyncEvery == 0) {
+      state.PauseTiming();
+      cudaStreamSynchronize(f.stream);
+      state.ResumeTiming();
+    }
+  }
+  cudaStreamSynchronize(f.stream);
+}
+
+void BM_Call(benchmark::State& state) {
+  CallFixture f;
+  const std::size_t bytes = static_cast<std::size_t>(kRows * kCols * 2);
+  switch (state.range(0)) {
+    case 0:
+      state.SetLabel("ncclAllGather, size-1 group (a cudaMemcpyAsync inside NCCL)");
+      time_calls(state, f, [&] { ncclAllGather(f.src, f.dst, bytes, ncclUint8, f.nccl.get(), f.stream); });
+      break;
+    case 1:
+      state.SetLabel("ncclGroupStart + 8 ncclAllGather + ncclGroupEnd, per all-gather");
+      time_calls(state, f, [&] {
+        ncclGroupStart();
+        for (int i = 0; i < 8; ++i) {
+          ncclAllGather(f.src, static_cast<char*>(f.dst) + i * bytes, bytes, ncclUint8, f.nccl.get(), f.stream);
+        }
+        ncclGroupEnd();
+      });
+      state.SetItemsProcessed(state.iterations() * 8);
+      break;
+    case 2:
+      state.SetLabel("cudaMemcpyAsync device to device");
+      time_calls(state, f, [&] { cudaMemcpyAsync(f.dst, f.src, bytes, cudaMemcpyDeviceToDevice, f.stream); });
+      break;
+    case 3:
+      state.SetLabel("cudaEventRecord");
+      time_calls(state, f, [&] { cudaEventRecord(f.event, f.stream); });
+      break;
+    case 4:
+      state.SetLabel("cudaStreamWaitEvent");
+      time_calls(state, f, [&] { cudaStreamWaitEvent(f.stream, f.event, 0); });
+      break;
+    case 5: {
+      state.SetLabel("cudaStreamGetCaptureInfo");
+      cudaStreamCaptureStatus status;
+      unsigned long long id = 0;
+      time_calls(state, f, [&] { cudaStreamGetCaptureInfo(f.stream, &status, &id); });
+      break;
+    }
+    case 6: {
+      state.SetLabel("unpack_cuda FP8 -> BF16 (one kernel launch)");
+      const kernels::WireSpec spec{kernels::WireFormat::kFP8};
+      const auto geometry = kernels::weight_geometry(spec.format, kRows, kCols, 1);
+      const auto layout = kernels::chunk_layout(spec, geometry.shard_rows, kCols);
+      const kernels::GatheredChunks chunks{f.src, layout.chunk_bytes, geometry};
+      time_calls(state, f, [&] { kernels::unpack_cuda(spec, chunks, f.dst, kRows * kCols * 2, f.stream); });
+      break;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gtp::bench::remat
 
@@ -100,6 +193,7 @@ int main(int argc, char** argv) {
   auto* b = benchmark::RegisterBenchmark("BM_CudaMaterializeRelease", gtp::bench::remat::BM_CudaMaterializeRelease);
   gtp::bench::remat::overhead_args(b);
   b->ArgNames({"weights", "depth"});
+  benchmark::RegisterBenchmark("BM_Call", gtp::bench::remat::BM_Call)->DenseRange(0, 6)->ArgName("call");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

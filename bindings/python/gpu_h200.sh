@@ -10,7 +10,9 @@ export PYTHONPATH=$PWD/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 if python3 -c 'import pytest' 2>/dev/null; then
   echo "== pytest: the gtp.torch CUDA tests (Linear, GroupedLinear, GEMM-layout tensors)"
   python3 -m pytest -q -rs bindings/python/tests/test_torch.py bindings/python/tests/test_torch_grouped.py -k cuda \
-    2>&1 | tail -n 15
+    > "$out/pytest_cuda.log" 2>&1
+  echo "pytest exit: $?"
+  grep -E "^(FAILED|ERROR)|^E |passed|failed" "$out/pytest_cuda.log" | head -n 40
 else
   echo "== pytest: not installed for $(command -v python3), the gtp.torch CUDA test is not run"
 fi

@@ -302,7 +302,7 @@ class Model {
     if (capturing) {
       // The head cannot be deferred to shard_updated inside a graph (shard_updated is not captured).
       EXPECT_GTP_ERROR(gtp_drain_ex(ctx_, GTP_DRAIN_DEFER_HEAD, stream_), GTP_ERROR_INVALID_ARGUMENT, ctx_,
-                       "CUDA graph capture");
+                       "capture");
       EXPECT_GTP_ERROR(gtp_drain_ex(ctx_, 2u, stream_), GTP_ERROR_INVALID_ARGUMENT, ctx_, "unknown bits");
       expect_still_capturing("after the refused drain_ex calls");
     }

@@ -414,6 +414,17 @@ Counts counts_of(gtp_context_t* ctx) {
   return c;
 }
 
+// The captured graph and its executable, destroyed before the context (docs/c-abi.md: destroy the
+// graph before destroying what it refers to).
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+};
+
 class CAbiCudaGraph : public ::testing::TestWithParam<int> {};
 
 TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
@@ -428,11 +439,11 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
 
   std::vector<const void*> warm_addresses;
   for (int step = 0; step < kWarmup; ++step) {
-    model.prepare(step);
+    ASSERT_NO_FATAL_FAILURE(model.prepare(step));
     warm_addresses = model.step(/*capturing=*/false);
-    model.verify(step);
-    if (HasFatalFailure()) return;
+    ASSERT_NO_FATAL_FAILURE(model.verify(step));
   }
+  for (int i = 0; i < n; ++i) EXPECT_EQ(model.grads_ready(i), kWarmup) << layers()[i].name;
   // Recording step: every gather exposed; the next step: every materialize a prefetch hit.
   const Counts warm = counts_of(ctx);
   EXPECT_EQ(warm.calls, kWarmup * per_step);
@@ -440,35 +451,32 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   EXPECT_EQ(warm.hits, (kWarmup - 1) * per_step);
 
   // Capture, after the previous work completed (waits on it are dropped inside the capture).
-  model.prepare(kWarmup);
+  ASSERT_NO_FATAL_FAILURE(model.prepare(kWarmup));
   CUDA_OK(cudaDeviceSynchronize());
   CUDA_OK(cudaStreamBeginCapture(model.stream(), cudaStreamCaptureModeThreadLocal));
   const std::vector<const void*> captured_addresses = model.step(/*capturing=*/true);
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(model.stream(), &graph);
+  Graph g;
+  const cudaError_t ended = cudaStreamEndCapture(model.stream(), &g.graph);
   ASSERT_EQ(ended, cudaSuccess) << "cudaStreamEndCapture: " << cudaGetErrorString(ended);
-  if (HasFailure()) {
-    cudaGraphDestroy(graph);
-    return;
-  }
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_FALSE(HasFailure()) << "a call of the captured step failed; not replaying";
+  CUDA_OK(cudaGraphInstantiate(&g.exec, g.graph, 0));
   EXPECT_EQ(captured_addresses, warm_addresses) << "a materialized, view or grad-buffer address moved at capture";
   const Counts captured = counts_of(ctx);
   EXPECT_EQ(captured.allocations, warm.allocations) << "allocated during capture";
   EXPECT_EQ(captured.calls - warm.calls, per_step) << "the capture counts one step";
   EXPECT_EQ(captured.hits - warm.hits, per_step) << "the captured step is all prefetch hits";
   EXPECT_EQ(captured.exposed, warm.exposed);
+  EXPECT_EQ(captured.reduce_scatters, (kWarmup + 1) * n);
+  EXPECT_EQ(captured.grads_ready, (kWarmup + 1) * n);
 
   for (int r = 0; r < kReplays; ++r) {
     const int step = kWarmup + r;
     if (r > 0) {  // the first replay runs the shards prepared before capture
-      model.prepare(step);
+      ASSERT_NO_FATAL_FAILURE(model.prepare(step));
       GTP_OK(gtp_drain(ctx, model.stream()), ctx);  // orders the launch after the eager re-pack
     }
-    CUDA_OK(cudaGraphLaunch(exec, model.stream()));
-    model.verify(step);
-    if (HasFatalFailure()) break;
+    CUDA_OK(cudaGraphLaunch(g.exec, model.stream()));
+    ASSERT_NO_FATAL_FAILURE(model.verify(step)) << "replay " << r;
     for (int i = 0; i < n; ++i) {
       EXPECT_EQ(model.grads_ready(i), step + 1) << layers()[i].name << ": grad-ready did not fire on replay " << r;
     }
@@ -480,20 +488,16 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   EXPECT_EQ(replayed.hits, captured.hits);
   EXPECT_EQ(replayed.reduce_scatters, captured.reduce_scatters);
   EXPECT_EQ(replayed.grads_ready, captured.grads_ready);
-  EXPECT_EQ(captured.reduce_scatters, (kWarmup + 1) * n);
 
   // Back to eager after the last replay finished: the step continues from the graph's end state.
-  model.prepare(kWarmup + kReplays);
+  ASSERT_NO_FATAL_FAILURE(model.prepare(kWarmup + kReplays));
   EXPECT_EQ(model.step(/*capturing=*/false), warm_addresses);
-  model.verify(kWarmup + kReplays);
+  ASSERT_NO_FATAL_FAILURE(model.verify(kWarmup + kReplays));
   const Counts after = counts_of(ctx);
   EXPECT_EQ(after.hits - replayed.hits, per_step);
   EXPECT_EQ(after.exposed, warm.exposed);
   EXPECT_EQ(after.allocations, warm.allocations);
   for (int i = 0; i < n; ++i) EXPECT_EQ(model.grads_ready(i), kWarmup + kReplays + 1) << layers()[i].name;
-
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
 }
 
 INSTANTIATE_TEST_SUITE_P(Depths, CAbiCudaGraph, ::testing::Values(1, 2),

@@ -71,7 +71,8 @@ TEST(CudaBackend, BadCommunicatorListsAreRefusedBeforeAnyCudaCall) {
 }
 
 // Each role's collectives go through its own communicator: with one of the two aborted, that role's
-// collectives fail and the other role's still deliver correct results.
+// collectives fail and the other role's still deliver correct results. The aborted one is always the
+// child of the split, so that the abort cannot reach the other one.
 TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -96,9 +97,12 @@ TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
 
   for (const Role aborted : {Role::kReduceScatter, Role::kGather}) {
     SCOPED_TRACE(std::string("aborted: ") + to_string(aborted));
-    SizeOneGroup group;
-    ASSERT_NE(group.gather.get(), group.reduce_scatter.get());
-    CudaBackend backend(0, group.groups(), milliseconds(30000));
+    auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+    comm::NcclComm parent = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+    comm::NcclComm child = parent.split({{0}}, {}, milliseconds(30000));
+    ASSERT_NE(parent.get(), child.get());
+    const CudaGroup comms = aborted == Role::kGather ? CudaGroup{&child, &parent} : CudaGroup{&parent, &child};
+    CudaBackend backend(0, {comms}, milliseconds(30000));
     EXPECT_EQ(backend.group_size(0), 1);
     EXPECT_EQ(backend.group_rank(0), 0);
     const Stream gather = backend.side_stream(0, Role::kGather);
@@ -112,7 +116,7 @@ TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
     backend.reduce_scatter_mean(reduce_scatter, 0, send, recv, n);
     EXPECT_EQ(received(reduce_scatter), values);
 
-    (aborted == Role::kGather ? group.gather : group.reduce_scatter).abort();
+    child.abort();
     reset();
     if (aborted == Role::kGather) {
       EXPECT_THROW(backend.all_gather(gather, 0, send, recv, n * sizeof(float)), CudaError);
@@ -123,8 +127,11 @@ TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
       EXPECT_THROW(backend.reduce_scatter_mean(reduce_scatter, 0, send, recv, n), CudaError);
       backend.all_gather(gather, 0, send, recv, n * sizeof(float));
       EXPECT_EQ(received(gather), values);
-      backend.all_reduce_max(gather, 0, send, n);
+      backend.all_reduce_max(gather, 0, send, n);  // in place; the max over one rank is the value
       EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(gather)), cudaSuccess);
+      std::vector<float> maxima(n);
+      EXPECT_EQ(cudaMemcpy(maxima.data(), send, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(maxima, values);
     }
   }
   cudaFree(send);

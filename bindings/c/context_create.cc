@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -175,7 +176,8 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 // CUDA backend: a world NcclComm over the bootstrap, split once per distinct group family with that
 // group's nccl settings (the gather communicator), each of those split once more into a copy over the
 // same ranks in the same order (the reduce-scatter communicator, same settings, so that gathers and
-// reduce-scatters of a group can run at once), and one CudaBackend over them whose side streams (gather
+// reduce-scatters of a group can run at once; it costs a second set of NCCL buffers per group, see
+// docs/remat.md), and one CudaBackend over them whose side streams (gather
 // and reduce-scatter per group) run at the gtp_remat group's stream_priority. Every rank makes the
 // same splits in the same order: world splits on all ranks, then its group's copy with its group.
 void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
@@ -205,7 +207,7 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
       gtp::comm::NcclGroupConfig copy = config;
       copy.comm_name = std::string(names[f]) + "_reduce_scatter";
       std::vector<int> positions(static_cast<std::size_t>(gather.size()));
-      for (std::size_t p = 0; p < positions.size(); ++p) positions[p] = static_cast<int>(p);
+      std::iota(positions.begin(), positions.end(), 0);  // one group of all, key = rank: the same order
       ctx.nccl_reduce_scatter.push_back(std::make_unique<gtp::comm::NcclComm>(gather.split({positions}, copy, timeout)));
       groups.push_back({&gather, ctx.nccl_reduce_scatter.back().get()});
     }

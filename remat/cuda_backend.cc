@@ -37,20 +37,59 @@ void run_callback(void* data) {
 // A captured host node runs on every replay, so its callback is owned by the backend, not by the run.
 void run_graph_callback(void* data) { (*static_cast<std::function<void()>*>(data))(); }
 
-}  // namespace
-
-CudaBackend::CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
-                         CudaStreamPriorities priorities)
-    : device_(device), groups_(std::move(groups)), timeout_(timeout), streams_(device), events_(device) {
-  if (groups_.empty()) throw std::invalid_argument("CudaBackend: no groups; pass one NcclComm per group");
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g] == nullptr || !groups_[g]->valid()) {
-      throw std::invalid_argument("CudaBackend: communicator of group " + std::to_string(g) + " is null or empty");
+// Every check but the size / rank match compares pointers only, so bad arguments are refused before
+// any CUDA or NCCL call (StreamPool's constructor already queries the device).
+std::vector<CudaGroup> validated(std::vector<CudaGroup> groups) {
+  if (groups.empty()) {
+    throw std::invalid_argument("CudaBackend: no groups; pass one CudaGroup (gather and reduce-scatter NcclComm) per group");
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string group = "CudaBackend: group " + std::to_string(g) + "'s ";
+    if (groups[g].gather == nullptr || !groups[g].gather->valid()) {
+      throw std::invalid_argument(group + "gather communicator is null or empty; pass a valid NcclComm");
+    }
+    if (groups[g].reduce_scatter == nullptr || !groups[g].reduce_scatter->valid()) {
+      throw std::invalid_argument(group + "reduce-scatter communicator is null or empty; pass a second NcclComm over "
+                                          "the group's ranks (split the gather communicator once more)");
     }
   }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    for (std::size_t h = 0; h < groups.size(); ++h) {
+      if (groups[g].reduce_scatter->get() == groups[h].gather->get()) {
+        throw std::invalid_argument("CudaBackend: group " + std::to_string(g) +
+                                    "'s reduce-scatter communicator is the gather communicator of group " +
+                                    std::to_string(h) + "; NCCL would serialize their collectives: give "
+                                    "reduce-scatters their own communicator (split the gather communicator once more)");
+      }
+    }
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const comm::NcclComm& gather = *groups[g].gather;
+    const comm::NcclComm& reduce_scatter = *groups[g].reduce_scatter;
+    if (reduce_scatter.size() != gather.size() || reduce_scatter.rank() != gather.rank()) {
+      throw std::invalid_argument(
+          "CudaBackend: group " + std::to_string(g) + "'s reduce-scatter communicator spans " +
+          std::to_string(reduce_scatter.size()) + " ranks with this one at " + std::to_string(reduce_scatter.rank()) +
+          ", its gather communicator " + std::to_string(gather.size()) + " ranks with this one at " +
+          std::to_string(gather.rank()) + "; both must hold the group's ranks in the same order");
+    }
+  }
+  return groups;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
+                         CudaStreamPriorities priorities)
+    : device_(device),
+      groups_(validated(std::move(groups))),
+      timeout_(timeout),
+      streams_(device),
+      events_(device) {
   check(cudaSetDevice(device_), "cudaSetDevice");
   // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
-  // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter.
+  // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter, nor (each role
+  // having its own communicator) in NCCL's.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::string name = "remat" + std::to_string(g);
     side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities.gather));
@@ -63,17 +102,17 @@ CudaBackend::~CudaBackend() {
   for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
 }
 
-comm::NcclComm& CudaBackend::comm(int group) const {
+const CudaGroup& CudaBackend::comms(int group) const {
   if (group < 0 || group >= static_cast<int>(groups_.size())) {
     throw std::invalid_argument("group " + std::to_string(group) + " is not known to the CUDA backend (it has " +
                                 std::to_string(groups_.size()) + " groups, 0.." +
                                 std::to_string(groups_.size() - 1) + ")");
   }
-  return *groups_[group];
+  return groups_[group];
 }
 
 Stream CudaBackend::side_stream(int group, Role role) {
-  comm(group);  // throws for an unknown group
+  comms(group);  // throws for an unknown group
   return side_[2 * group + static_cast<int>(role)];
 }
 
@@ -110,19 +149,19 @@ void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, cons
 }
 
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  comm::NcclComm& c = comm(group);
+  comm::NcclComm& c = *comms(group).gather;
   enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
            "ncclAllGather");
 }
 
 void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
-  comm::NcclComm& c = comm(group);
+  comm::NcclComm& c = *comms(group).gather;
   enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), on(stream)),
            "ncclAllReduce(max)");
 }
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  comm::NcclComm& c = comm(group);
+  comm::NcclComm& c = *comms(group).reduce_scatter;
   enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, ncclAvg, c.get(), on(stream)),
            "ncclReduceScatter(avg)");
 }

@@ -1,8 +1,8 @@
 // CudaBackend: the remat runtime on device memory, the CUDA pack/unpack kernels and NCCL. Work goes to
 // two side streams per group (gather, reduce-scatter; comm::StreamPool, priorities from
-// CudaStreamPriorities) and is ordered against consumer streams and each other with pooled events: the
-// host never synchronizes with the device, except inside cudaMalloc/cudaFree, which only warm-up and
-// teardown reach.
+// CudaStreamPriorities), each with its own NCCL communicator (CudaGroup), and is ordered against
+// consumer streams and each other with pooled events: the host never synchronizes with the device,
+// except inside cudaMalloc/cudaFree, which only warm-up and teardown reach.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +28,14 @@ struct CudaStreamPriorities {
   std::optional<int> reduce_scatter;
 };
 
+// The two communicators of one group, over the same ranks in the same order (not owned; they must
+// outlive the backend). NCCL runs one communicator's collectives one after another whatever their
+// streams, so a re-gather would wait behind a reduce-scatter on a shared one; two let them overlap.
+struct CudaGroup {
+  comm::NcclComm* gather = nullptr;          // all_gather and all_reduce_max (the amax for packing)
+  comm::NcclComm* reduce_scatter = nullptr;  // reduce_scatter_mean
+};
+
 // A CUDA call, kernel launch or NCCL enqueue of the CudaBackend failed (device memory exhausted, an
 // invalid pointer, a sticky device error): the C ABI reports it as GTP_ERROR_CUDA. NCCL timeouts and
 // asynchronous communicator errors stay comm::CommError.
@@ -38,19 +46,21 @@ class CudaError : public std::runtime_error {
 
 class CudaBackend : public Backend {
  public:
-  // groups[g] is the NCCL communicator of group g (not owned; it must outlive the backend), on
-  // `device`. `timeout` bounds the wait for a non-blocking communicator to enqueue a collective.
-  // Throws std::invalid_argument for an empty list or an invalid communicator, CudaError when CUDA
-  // fails (here and in every call).
-  CudaBackend(int device, std::vector<comm::NcclComm*> groups, std::chrono::milliseconds timeout,
+  // groups[g] holds the communicators of group g, on `device`. `timeout` bounds the wait for a
+  // non-blocking communicator to enqueue a collective. Throws std::invalid_argument, naming the group,
+  // for an empty list, a null or empty communicator, a reduce-scatter communicator that is also a
+  // gather communicator (of any group), or one whose size or rank differs from its gather
+  // communicator's; all but the last are checked before any CUDA or NCCL call. Throws CudaError when
+  // CUDA fails (here and in every call).
+  CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
               CudaStreamPriorities priorities = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string name() const override { return "cuda"; }
-  int group_size(int group) const override { return comm(group).size(); }
-  int group_rank(int group) const override { return comm(group).rank(); }
+  int group_size(int group) const override { return comms(group).gather->size(); }
+  int group_rank(int group) const override { return comms(group).gather->rank(); }
 
   int group_count() const override { return static_cast<int>(groups_.size()); }
 
@@ -91,7 +101,8 @@ class CudaBackend : public Backend {
   void end_call() override;
 
  private:
-  comm::NcclComm& comm(int group) const;
+  // Throws std::invalid_argument for an unknown group.
+  const CudaGroup& comms(int group) const;
   void enqueued(comm::NcclComm& comm, int result, const char* what);
   struct Live {
     cudaEvent_t event;
@@ -103,7 +114,7 @@ class CudaBackend : public Backend {
   unsigned long long capture_id(cudaStream_t stream);
 
   int device_;
-  std::vector<comm::NcclComm*> groups_;
+  std::vector<CudaGroup> groups_;  // validated before streams_ and events_ touch CUDA
   std::chrono::milliseconds timeout_;
   comm::StreamPool streams_;
   std::vector<cudaStream_t> side_;  // [2 * group + role], created in the constructor

@@ -1,18 +1,20 @@
 // The runtime on the CUDA backend with a size-1 NCCL group, end to end: register, re-pack,
 // materialize (bit-identical to the shard), gradients into the main grad; the GEMM-ready layout of
-// every wire format (unpack_gemm_cuda) against the CPU reference; the side streams per role.
-// Skips without a GPU.
+// every wire format (unpack_gemm_cuda) against the CPU reference; the side streams per role and the
+// communicator per role. The argument checks run anywhere; the rest skips without a GPU.
 #include "remat/cuda_backend.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/reference.h"
@@ -23,12 +25,152 @@ namespace {
 
 using std::chrono::milliseconds;
 
+// A world of one on device 0 and a second communicator split from it, as the C ABI builds a group.
+struct SizeOneGroup {
+  std::vector<std::unique_ptr<comm::ThreadBootstrap>> bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+  comm::NcclComm gather = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  comm::NcclComm reduce_scatter = gather.split({{0}}, {}, milliseconds(30000));
+  std::vector<CudaGroup> groups() { return {CudaGroup{&gather, &reduce_scatter}}; }
+};
+
+// The constructor's message for `groups`, which must be refused with std::invalid_argument.
+std::string refusal(std::vector<CudaGroup> groups) {
+  try {
+    CudaBackend backend(0, std::move(groups), milliseconds(1000));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "accepted";
+  return "";
+}
+
+// Runs without a GPU: every check here comes before the first CUDA or NCCL call. The borrowed
+// handles only stand for distinct communicators; the checks compare them and never use them.
+TEST(CudaBackend, BadCommunicatorListsAreRefusedBeforeAnyCudaCall) {
+  int stand_ins[3] = {};
+  comm::NcclComm a = comm::NcclComm::borrow(reinterpret_cast<ncclComm_t>(&stand_ins[0]));
+  comm::NcclComm b = comm::NcclComm::borrow(reinterpret_cast<ncclComm_t>(&stand_ins[1]));
+  comm::NcclComm c = comm::NcclComm::borrow(reinterpret_cast<ncclComm_t>(&stand_ins[2]));
+  comm::NcclComm a_again = comm::NcclComm::borrow(a.get());
+  comm::NcclComm empty;
+
+  EXPECT_NE(refusal({}).find("no groups"), std::string::npos);
+  EXPECT_NE(refusal({{nullptr, &b}}).find("group 0's gather communicator is null or empty"), std::string::npos);
+  EXPECT_NE(refusal({{&empty, &b}}).find("group 0's gather communicator is null or empty"), std::string::npos);
+  EXPECT_NE(refusal({{&a, nullptr}}).find("group 0's reduce-scatter communicator is null or empty"), std::string::npos);
+  EXPECT_NE(refusal({{&a, &b}, {&c, &empty}}).find("group 1's reduce-scatter communicator is null or empty"),
+            std::string::npos);
+  const std::string same = refusal({{&a, &a}});
+  EXPECT_NE(same.find("group 0's reduce-scatter communicator is the gather communicator of group 0"), std::string::npos)
+      << same;
+  EXPECT_NE(same.find("split the gather communicator once more"), std::string::npos) << same;
+  EXPECT_NE(refusal({{&a, &a_again}}).find("group 0's reduce-scatter communicator is the gather communicator of group 0"),
+            std::string::npos);  // another NcclComm over the same ncclComm_t
+  EXPECT_NE(refusal({{&a, &b}, {&c, &a}}).find("group 1's reduce-scatter communicator is the gather communicator of group 0"),
+            std::string::npos);
+}
+
+// Each role's collectives go through its own communicator: with one of the two aborted, that role's
+// collectives fail and the other role's still deliver correct results. The aborted one is always the
+// child of the split, so that the abort cannot reach the other one.
+TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const std::int64_t n = 256;
+  std::vector<float> values(n);
+  for (std::int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(i) - 100.5f;
+  float* send = nullptr;
+  float* recv = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&recv), n * sizeof(float)), cudaSuccess);
+  const auto reset = [&] {
+    ASSERT_EQ(cudaMemcpy(send, values.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemset(recv, 0, n * sizeof(float)), cudaSuccess);
+  };
+  const auto received = [&](Stream stream) {
+    EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), cudaSuccess);
+    std::vector<float> got(n);
+    EXPECT_EQ(cudaMemcpy(got.data(), recv, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return got;
+  };
+
+  for (const Role aborted : {Role::kReduceScatter, Role::kGather}) {
+    SCOPED_TRACE(std::string("aborted: ") + to_string(aborted));
+    auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
+    comm::NcclComm parent = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+    comm::NcclComm child = parent.split({{0}}, {}, milliseconds(30000));
+    ASSERT_NE(parent.get(), child.get());
+    const CudaGroup comms = aborted == Role::kGather ? CudaGroup{&child, &parent} : CudaGroup{&parent, &child};
+    CudaBackend backend(0, {comms}, milliseconds(30000));
+    EXPECT_EQ(backend.group_size(0), 1);
+    EXPECT_EQ(backend.group_rank(0), 0);
+    const Stream gather = backend.side_stream(0, Role::kGather);
+    const Stream reduce_scatter = backend.side_stream(0, Role::kReduceScatter);
+
+    // Both roles work while both communicators do (a group of one: the gather copies, the mean is x / 1).
+    reset();
+    backend.all_gather(gather, 0, send, recv, n * sizeof(float));
+    EXPECT_EQ(received(gather), values);
+    reset();
+    backend.reduce_scatter_mean(reduce_scatter, 0, send, recv, n);
+    EXPECT_EQ(received(reduce_scatter), values);
+
+    child.abort();
+    reset();
+    if (aborted == Role::kGather) {
+      EXPECT_THROW(backend.all_gather(gather, 0, send, recv, n * sizeof(float)), CudaError);
+      EXPECT_THROW(backend.all_reduce_max(gather, 0, send, n), CudaError);
+      backend.reduce_scatter_mean(reduce_scatter, 0, send, recv, n);
+      EXPECT_EQ(received(reduce_scatter), values);
+    } else {
+      EXPECT_THROW(backend.reduce_scatter_mean(reduce_scatter, 0, send, recv, n), CudaError);
+      backend.all_gather(gather, 0, send, recv, n * sizeof(float));
+      EXPECT_EQ(received(gather), values);
+      backend.all_reduce_max(gather, 0, send, n);  // in place; the max over one rank is the value
+      EXPECT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(gather)), cudaSuccess);
+      std::vector<float> maxima(n);
+      EXPECT_EQ(cudaMemcpy(maxima.data(), send, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(maxima, values);
+    }
+  }
+  cudaFree(send);
+  cudaFree(recv);
+}
+
+// Needs two GPUs: a reduce-scatter communicator over other ranks, or the same ranks in another order,
+// than the gather communicator is refused, naming the group.
+TEST(CudaBackend, ReduceScatterCommunicatorOverOtherRanksIsRefused) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "needs 2 CUDA devices, found " << devices;
+  auto bootstraps = comm::ThreadBootstrap::create_group(2, milliseconds(120000));
+  comm::internal::rethrow_first(comm::internal::run_ranks(2, [&](int rank) {
+    ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
+    comm::NcclComm world = comm::NcclComm::create_world(*bootstraps[rank], milliseconds(120000));
+    comm::NcclComm alone = world.split({{0}, {1}}, {}, milliseconds(120000));
+    comm::NcclComm reversed = world.split({{1, 0}}, {}, milliseconds(120000));
+    comm::NcclComm same = world.split({{0, 1}}, {}, milliseconds(120000));
+    const std::string smaller = refusal({{&world, &alone}});
+    EXPECT_NE(smaller.find("group 0's reduce-scatter communicator spans 1 ranks"), std::string::npos) << smaller;
+    const std::string reordered = refusal({{&world, &reversed}});
+    EXPECT_NE(reordered.find("group 0's reduce-scatter communicator spans 2 ranks with this one at " +
+                             std::to_string(1 - rank)),
+              std::string::npos)
+        << reordered;
+    CudaBackend backend(rank, {CudaGroup{&world, &same}}, milliseconds(120000));
+    EXPECT_EQ(backend.group_size(0), 2);
+    EXPECT_EQ(backend.group_rank(0), rank);
+  }));
+}
+
 TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
-  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
-  CudaBackend backend(0, {&nccl}, milliseconds(30000));
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
   Runtime runtime(backend, RuntimeConfig{});
 
   const std::int64_t rows = 40, cols = 64;
@@ -85,9 +227,8 @@ TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   using kernels::WireFormat;
-  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
-  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
-  CudaBackend backend(0, {&nccl}, milliseconds(30000));
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
   EXPECT_NE(backend.side_stream(0, Role::kGather), backend.side_stream(0, Role::kReduceScatter));
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
@@ -191,12 +332,11 @@ TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
 TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
-  comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  SizeOneGroup group;
   const comm::StreamPriorityRange range = comm::stream_priority_range(0);
   CudaStreamPriorities priorities;
   priorities.reduce_scatter = range.least;
-  CudaBackend backend(0, {&nccl}, milliseconds(30000), priorities);
+  CudaBackend backend(0, group.groups(), milliseconds(30000), priorities);
   int priority = 0;
   ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(backend.side_stream(0, Role::kReduceScatter)), &priority),
             cudaSuccess);
@@ -205,7 +345,7 @@ TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
             cudaSuccess);
   EXPECT_EQ(priority, range.greatest);
   priorities.gather = range.least + 1;
-  EXPECT_THROW(CudaBackend(0, {&nccl}, milliseconds(30000), priorities), std::invalid_argument);
+  EXPECT_THROW(CudaBackend(0, group.groups(), milliseconds(30000), priorities), std::invalid_argument);
 }
 
 }  // namespace

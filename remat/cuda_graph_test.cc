@@ -109,8 +109,8 @@ std::string first_difference(const StepResult& got, const StepResult& want) {
 // One rank's model on the CUDA backend: device buffers and the runtime.
 class Model {
  public:
-  Model(comm::NcclComm& nccl, int depth)
-      : backend_(0, {&nccl}, milliseconds(30000)), runtime_(backend_, config(depth)) {
+  Model(const CudaGroup& comms, int depth)
+      : backend_(0, {comms}, milliseconds(30000)), runtime_(backend_, config(depth)) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     const int n = static_cast<int>(layers().size());
     act_.resize(n + 1);
@@ -238,10 +238,12 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   const int depth = GetParam();
   auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
   comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
+  comm::NcclComm reduce_scatter = nccl.split({{0}}, {}, milliseconds(30000));
+  const CudaGroup comms{&nccl, &reduce_scatter};
 
   std::vector<StepResult> eager;  // the reference: every step (and one more) run eagerly
   {
-    Model model(nccl, depth);
+    Model model(comms, depth);
     for (int step = 0; step <= kSteps; ++step) {
       model.prepare(step);
       model.step();
@@ -256,7 +258,7 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   ASSERT_TRUE(nonzero(eager.back().act.back()) && nonzero(eager.back().grad_in.front()));
   for (const auto& g : eager.back().main_grad) ASSERT_TRUE(nonzero(g));
 
-  Model model(nccl, depth);
+  Model model(comms, depth);
   std::vector<void*> warm_addresses;
   for (int step = 0; step < kWarmup; ++step) {
     model.prepare(step);

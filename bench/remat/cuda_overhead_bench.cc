@@ -35,7 +35,8 @@ void BM_CudaMaterializeRelease(benchmark::State& state) {
   const int depth = static_cast<int>(state.range(1));
   auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
   comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
-  CudaBackend backend(0, {&nccl}, milliseconds(30000));
+  comm::NcclComm reduce_scatter = nccl.split({{0}}, {}, milliseconds(30000));  // as the C ABI builds it
+  CudaBackend backend(0, {gtp::remat::CudaGroup{&nccl, &reduce_scatter}}, milliseconds(30000));
   RuntimeConfig config;
   config.depth = depth;
   Runtime runtime(backend, config);

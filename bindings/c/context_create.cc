@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -173,8 +174,12 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 }
 
 // CUDA backend: a world NcclComm over the bootstrap, split once per distinct group family with that
-// group's nccl settings, and one CudaBackend over them whose side streams (gather and reduce-scatter
-// per group) run at the gtp_remat group's stream_priority.
+// group's nccl settings (the gather communicator), each of those split once more into a copy over the
+// same ranks in the same order (the reduce-scatter communicator, same settings, so that gathers and
+// reduce-scatters of a group can run at once; it costs a second set of NCCL buffers per group, see
+// docs/remat.md), and one CudaBackend over them whose side streams (gather
+// and reduce-scatter per group) run at the gtp_remat group's stream_priority. Every rank makes the
+// same splits in the same order: world splits on all ranks, then its group's copy with its group.
 void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
                 const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
   gtp::remat::CudaStreamPriorities priorities;
@@ -189,7 +194,7 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
   try {
     ctx.nccl_world = std::make_unique<gtp::comm::NcclComm>(gtp::comm::NcclComm::create_world(*ctx.bootstrap, timeout));
     const char* names[] = {kDenseGroup, kExpertGroup};
-    std::vector<gtp::comm::NcclComm*> groups;
+    std::vector<gtp::remat::CudaGroup> groups;
     for (std::size_t f = 0; f < families.size(); ++f) {
       const auto same = std::find(families.begin(), families.begin() + f, families[f]);
       if (same != families.begin() + f) {
@@ -198,7 +203,13 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
       }
       const gtp::comm::NcclGroupConfig config = nccl_config(profile.group(names[f]), names[f]);
       ctx.nccl_groups.push_back(std::make_unique<gtp::comm::NcclComm>(ctx.nccl_world->split(families[f], config, timeout)));
-      groups.push_back(ctx.nccl_groups.back().get());
+      gtp::comm::NcclComm& gather = *ctx.nccl_groups.back();
+      gtp::comm::NcclGroupConfig copy = config;
+      copy.comm_name = std::string(names[f]) + "_reduce_scatter";
+      std::vector<int> positions(static_cast<std::size_t>(gather.size()));
+      std::iota(positions.begin(), positions.end(), 0);  // one group of all, key = rank: the same order
+      ctx.nccl_reduce_scatter.push_back(std::make_unique<gtp::comm::NcclComm>(gather.split({positions}, copy, timeout)));
+      groups.push_back({&gather, ctx.nccl_reduce_scatter.back().get()});
     }
     ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, timeout, priorities);
   } catch (const gtp::comm::CommError&) {

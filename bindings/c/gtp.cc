@@ -224,6 +224,7 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
   const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
     ctx->runtime.reset();
     ctx->backend.reset();
+    ctx->nccl_reduce_scatter.clear();
     ctx->nccl_groups.clear();
     ctx->nccl_world.reset();
     ctx->host_comms.clear();
@@ -237,6 +238,7 @@ gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
   return on_context(ctx, "gtp_context_abort", [&] {
     ctx->aborted = true;
     // Cancels pending NCCL work so that a peer stuck in a collective cannot hang destroy.
+    for (auto& comm : ctx->nccl_reduce_scatter) comm->abort();
     for (auto& comm : ctx->nccl_groups) comm->abort();
     if (ctx->nccl_world != nullptr) ctx->nccl_world->abort();
   });

@@ -2,7 +2,8 @@
 // with GTP_ERROR_CUDA and say why; on a GPU a 1-rank context (a size-1 NCCL world split into its
 // groups) materializes device-resident BF16 weights on every wire format on a real stream, byte-equal
 // to a host-backend context on the same data (the host backend runs kernels/reference.h), reduces a
-// gradient into a device main grad, reports stats, and aborts without hanging.
+// gradient into a device main grad (through the group's second, reduce-scatter communicator), reports
+// stats, and aborts without hanging.
 #include <cuda_runtime_api.h>
 
 #include "gtp/gtp.h"

@@ -75,6 +75,7 @@ struct gtp_context {
   std::vector<std::unique_ptr<gtp::comm::HostComm>> host_comms;               // host: one per distinct group
   std::unique_ptr<gtp::comm::NcclComm> nccl_world;                            // cuda
   std::vector<std::unique_ptr<gtp::comm::NcclComm>> nccl_groups;              // cuda: one per distinct group
+  std::vector<std::unique_ptr<gtp::comm::NcclComm>> nccl_reduce_scatter;      // cuda: a copy of each, split from it
   std::unique_ptr<gtp::remat::Backend> backend;
   std::unique_ptr<gtp::remat::Runtime> runtime;
 };

@@ -56,7 +56,7 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
     std::vector<std::uint16_t> got(host.size());
     ASSERT_EQ(cudaMemcpyAsync(got.data(), out[0], got.size() * 2, cudaMemcpyDeviceToHost, stream), cudaSuccess);
     runtime.release(&id, 1, stream);
-    float* grad = runtime.grad_buffer(id, stream);
+    float* grad = runtime.grad_buffer(id, stream).data;
     std::vector<float> ones(rows * cols, 1.0f);
     ASSERT_EQ(cudaMemcpyAsync(grad, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
     runtime.finalize(&id, 1, true, stream);

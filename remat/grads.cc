@@ -63,7 +63,7 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   if (first_filled < weight.geometry.padded_rows) {
     backend_.fill(rs, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
   }
-  backend_.order(stream, rs);
+  backend_.order(stream, rs);  // with no fill too: the consumer writes only after the buffer's last reduce-scatter read it
   handed_out_[id] = buffer;
   return GradBuffer{buffer.ptr, init == GradInit::kUndefined};
 }

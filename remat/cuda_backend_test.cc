@@ -1,5 +1,6 @@
 // The runtime on the CUDA backend with a size-1 NCCL group, end to end: register, re-pack,
-// materialize (bit-identical to the shard), gradients into the main grad; the GEMM-ready layout of
+// materialize (bit-identical to the shard), gradients into the main grad (also an undefined grad buffer
+// over poisoned memory: padding rows zeroed, rows written by the consumer); the GEMM-ready layout of
 // every wire format (unpack_gemm_cuda) against the CPU reference; the side streams per role and the
 // communicator per role. The argument checks run anywhere; the rest skips without a GPU.
 #include "remat/cuda_backend.h"
@@ -198,7 +199,7 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
     std::vector<std::uint16_t> got(host.size());
     ASSERT_EQ(cudaMemcpyAsync(got.data(), out[0], got.size() * 2, cudaMemcpyDeviceToHost, stream), cudaSuccess);
     runtime.release(&id, 1, stream);
-    float* grad = runtime.grad_buffer(id, stream);
+    float* grad = runtime.grad_buffer(id, stream).data;
     std::vector<float> ones(rows * cols, 1.0f);
     ASSERT_EQ(cudaMemcpyAsync(grad, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
     runtime.finalize(&id, 1, true, stream);
@@ -210,6 +211,67 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (float g : grads) ASSERT_EQ(g, 3.0f);
   EXPECT_GT(runtime.stats().prefetch_hits, 0);
+  cudaStreamDestroy(stream);
+  cudaFree(shard);
+  cudaFree(main_grad);
+}
+
+// Refills every reduced grad buffer with NaN bytes (after the reduce-scatter, on its stream), so a
+// buffer handed out again holds NaN wherever the runtime does not fill it.
+class PoisoningCudaBackend : public CudaBackend {
+ public:
+  using CudaBackend::CudaBackend;
+  void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override {
+    CudaBackend::reduce_scatter_mean(stream, group, send, recv, recv_count);
+    fill(stream, const_cast<float*>(send), 0xFF, group_size(group) * recv_count * static_cast<std::int64_t>(sizeof(float)));
+  }
+};
+
+TEST(CudaBackend, UndefinedGradBufferZeroesOnlyItsPaddingRowsAndIsWrittenByTheConsumer) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  PoisoningCudaBackend backend(0, group.groups(), milliseconds(30000));
+  Runtime runtime(backend, RuntimeConfig{});
+  const std::int64_t rows = 40, cols = 64;  // BF16, G = 1: 48 padded rows
+  std::vector<std::uint16_t> host(rows * cols, 0x3F80);
+  void* shard = nullptr;
+  float* main_grad = nullptr;
+  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&main_grad), rows * cols * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemset(main_grad, 0, rows * cols * sizeof(float)), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  WeightDesc desc;
+  desc.name = "w";
+  desc.shard = shard;
+  desc.rows = rows;
+  desc.cols = cols;
+  desc.main_grad = main_grad;
+  const WeightId id = runtime.register_weight(desc);
+  const std::int64_t padded_rows = runtime.registry().get(id).geometry.padded_rows;
+  ASSERT_GT(padded_rows, rows);
+  runtime.shard_updated(&id, 1, stream);
+  const std::vector<float> ones(rows * cols, 1.0f);
+  for (int step = 0; step < 3; ++step) {  // from step 1 on the pool hands back poisoned buffers
+    const GradBuffer grad = runtime.grad_buffer(id, stream, GradInit::kUndefined);
+    EXPECT_TRUE(grad.overwrite);
+    std::vector<float> padding((padded_rows - rows) * cols, -1.0f);
+    ASSERT_EQ(cudaMemcpyAsync(padding.data(), grad.data + rows * cols, padding.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost, stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaMemcpyAsync(grad.data, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+              cudaSuccess);  // the consumer's write (a GEMM with beta = 0)
+    EXPECT_FALSE(runtime.grad_buffer(id, stream, GradInit::kUndefined).overwrite);
+    runtime.finalize(&id, 1, true, stream);
+    runtime.drain(stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (float v : padding) ASSERT_EQ(v, 0.0f) << "padding row not zeroed, step " << step;
+  }
+  std::vector<float> grads(rows * cols);
+  ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (float g : grads) ASSERT_EQ(g, 3.0f);
   cudaStreamDestroy(stream);
   cudaFree(shard);
   cudaFree(main_grad);

@@ -175,7 +175,7 @@ class Model {
     for (int l = n - 1; l >= 0; --l) {
       const LayerSpec& s = layers()[l];
       const auto w = runtime_.materialize(&ids_[l], 1, Phase::kBackward, 0, Layout::kBF16, stream_);
-      float* g = runtime_.grad_buffer(ids_[l], stream_);
+      float* g = runtime_.grad_buffer(ids_[l], stream_).data;
       testing::weight_grad_cuda(grad_in_[l + 1], act_[l], g, s.rows, s.cols, stream_);
       testing::input_grad_cuda(w[0], grad_in_[l + 1], grad_in_[l], s.rows, s.cols, stream_);
       runtime_.release(&ids_[l], 1, stream_);

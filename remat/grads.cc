@@ -45,21 +45,27 @@ bool Grads::busy(WeightId id) const {
   return false;
 }
 
-float* Grads::buffer(WeightId id, Stream stream) {
+GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   const Weight& weight = registry_.get(id);
   if (weight.desc.main_grad == nullptr && weight.valid_rows > 0) {
     throw std::invalid_argument("grad_buffer: weight '" + weight.desc.name +
                                 "' was registered without a main grad; register it with main_grad set");
   }
   const auto held = handed_out_.find(id);
-  if (held != handed_out_.end()) return held->second.ptr;
-  const std::int64_t bytes = weight.geometry.padded_rows * weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
+  if (held != handed_out_.end()) return GradBuffer{held->second.ptr, false};
+  const std::int64_t row_bytes = weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
+  const std::int64_t bytes = weight.geometry.padded_rows * row_bytes;
   const Stream rs = rs_stream(id);
   Pooled buffer = take(bytes, rs);
-  backend_.fill(rs, buffer.ptr, 0, bytes);
-  backend_.order(stream, rs);
+  // kUndefined leaves the weight's rows to the consumer's first write; the padding rows are never
+  // written by it but are reduced, so they are zeroed either way.
+  const std::int64_t first_filled = init == GradInit::kZero ? 0 : weight.desc.rows;
+  if (first_filled < weight.geometry.padded_rows) {
+    backend_.fill(rs, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
+  }
+  backend_.order(stream, rs);  // with no fill too: the consumer writes only after the buffer's last reduce-scatter read it
   handed_out_[id] = buffer;
-  return buffer.ptr;
+  return GradBuffer{buffer.ptr, init == GradInit::kUndefined};
 }
 
 void Grads::apply_pending() {

@@ -1,8 +1,11 @@
 // Grads: full-shape FP32 gradient buffers for the weights, and their reduction to each rank's shard.
 //
-// grad_buffer(w) hands out a zero-filled FP32 buffer of padded_rows x cols (the weight's rows x cols
-// first, then the padding rows, which the consumer leaves at zero); the consumer ADDS its wgrad into
-// it. finalize(w) enqueues, on the side stream after the consumer's work, a reduce-scatter over the
+// grad_buffer(w) hands out an FP32 buffer of padded_rows x cols (the weight's rows x cols first, then
+// the padding rows, always zero: the reduce-scatter reads them and the consumer leaves them alone).
+// With GradInit::kZero the rows are zero-filled and the consumer ADDS its wgrad; with
+// GradInit::kUndefined a newly handed-out buffer is not filled (the fill writes the whole FP32 buffer
+// once per weight per step) and the consumer must WRITE its first wgrad (a GEMM with beta = 0), as
+// GradBuffer::overwrite says. finalize(w) enqueues, on the side stream after the consumer's work, a reduce-scatter over the
 // weight's group with the 1/G mean pre-scale, accumulated in FP32, into a staging shard. The add into
 // the weight's FP32 main grad is deferred to the next finalize or drain, and is followed by the
 // grad-ready callback. drain(stream) applies what is pending and orders `stream` after all of it.
@@ -27,6 +30,17 @@ struct GradsConfig {
   std::function<void(WeightId)> grad_ready;  // optional; runs on the host after the main-grad add
 };
 
+// What a newly handed-out buffer holds in the weight's rows.
+enum class GradInit { kZero, kUndefined };
+
+// `overwrite`: the rows hold garbage and the consumer must write (not add) its wgrad; true only for a
+// buffer just handed out with GradInit::kUndefined. A buffer already handed out (the microbatches of
+// accumulate_microbatches) and every kZero buffer are added into.
+struct GradBuffer {
+  float* data = nullptr;
+  bool overwrite = false;
+};
+
 struct GradsStats {
   std::int64_t reduce_scatters = 0;
   std::int64_t grads_ready = 0;
@@ -43,7 +57,7 @@ class Grads {
 
   // The weight's buffer (the one already handed out, if not yet reduced). Throws std::invalid_argument
   // for a weight without a main grad.
-  float* buffer(WeightId id, Stream stream);
+  GradBuffer buffer(WeightId id, Stream stream, GradInit init = GradInit::kZero);
   // Throws std::invalid_argument (nothing enqueued) if a weight has no buffer handed out.
   void finalize(const std::vector<WeightId>& ids, bool last_microbatch, Stream stream);
   void drain(Stream stream);

@@ -100,6 +100,25 @@ TEST(Ordering, ReduceScattersRunOnTheirOwnStreamAndARegatherNeverWaitsOnThem) {
   EXPECT_EQ(backend.find("all_reduce_max on ag0", mark), first_amax + 2) << "amax, amax, then one reduction";
 }
 
+TEST(Ordering, AnUndefinedGradBufferIsNotFilledButStillWaitsForItsLastReduceScatter) {
+  LoggingBackend backend;
+  Model model(backend);
+  const WeightId id = model.add("w0", 0);  // G = 1, 32 rows: no padding rows to zero
+  const Stream s = consumer_stream(1);
+  for (int step = 0; step < 2; ++step) {  // step 1 reuses the buffer step 0 reduce-scattered
+    const int mark = static_cast<int>(backend.log.size());
+    const GradBuffer buffer = model.runtime.grad_buffer(id, s, GradInit::kUndefined);
+    EXPECT_TRUE(buffer.overwrite);
+    const auto handed_out = since(backend, mark);
+    for (const std::string& line : handed_out) EXPECT_EQ(line.find("fill"), std::string::npos) << line;
+    ASSERT_FALSE(handed_out.empty());
+    EXPECT_EQ(handed_out.back(), "s1 waits rs0") << "the consumer's first write must follow the last reduce-scatter";
+    EXPECT_FALSE(model.runtime.grad_buffer(id, s, GradInit::kUndefined).overwrite);
+    model.runtime.finalize(&id, 1, true, s);
+    model.runtime.drain(s);
+  }
+}
+
 TEST(Ordering, EachGroupHasItsOwnStreamsAndAKeySpanningGroupsJoinsTheirGatherStreams) {
   LoggingBackend backend(2);
   Model model(backend);

@@ -367,10 +367,10 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
   if (active_chain_ >= 0) refill(active_chain_);
 }
 
-float* Runtime::grad_buffer(WeightId id, Stream stream) {
+GradBuffer Runtime::grad_buffer(WeightId id, Stream stream, GradInit init) {
   const Backend::CallScope scope(backend_);
   join_capture(stream);
-  return grads_.buffer(id, stream);
+  return grads_.buffer(id, stream, init);
 }
 
 void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {

@@ -88,7 +88,8 @@ class Runtime {
   // Without `layout`, the weights must be held in one layout only (else std::invalid_argument: name it).
   void release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout = std::nullopt);
 
-  float* grad_buffer(WeightId id, Stream stream);
+  // Grads::buffer: with GradInit::kUndefined the consumer writes its first wgrad when `overwrite`.
+  GradBuffer grad_buffer(WeightId id, Stream stream, GradInit init = GradInit::kZero);
   void finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream);
   // End-of-backward fence: pending main-grad adds are applied, `stream` is ordered after everything,
   // and every chain ends its step (the first drain closes recording). Under CUDA graph capture the

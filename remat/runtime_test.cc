@@ -71,6 +71,36 @@ TEST(Runtime, AccumulatingWgradsAcrossMicrobatchesReducesOncePerStep) {
   });
 }
 
+// Poisoned memory: every fresh or reduced gradient buffer reads NaN until written, so a kUndefined
+// buffer whose rows the consumer did not overwrite, or whose padding rows the runtime did not zero,
+// turns the main grads into NaN (train_and_check also checks `overwrite` and the padding rows).
+TEST(Runtime, UndefinedGradBuffersAreOverwrittenAndMainGradsStayExactOverPoisonedMemory) {
+  const int ranks = 4;
+  bool padded = false;  // the check of the padding rows must not be vacuous
+  for (const auto& shape : testing::layer_shapes()) {
+    padded |= kernels::weight_geometry(kernels::WireFormat::kBF16, shape.rows, shape.cols, ranks).padded_rows > shape.rows;
+  }
+  ASSERT_TRUE(padded);
+  struct Case {
+    int microbatches;
+    bool accumulate;
+    GradInit init;
+  };
+  for (const Case c : {Case{1, false, GradInit::kUndefined}, Case{3, false, GradInit::kUndefined},
+                       Case{3, true, GradInit::kUndefined}, Case{1, true, GradInit::kUndefined},
+                       Case{3, true, GradInit::kZero}}) {
+    SCOPED_TRACE("microbatches " + std::to_string(c.microbatches) + (c.accumulate ? " accumulated" : "") +
+                 (c.init == GradInit::kZero ? " kZero" : " kUndefined"));
+    TrainOptions options;
+    options.steps = 3;
+    options.microbatches = c.microbatches;
+    options.config.grads.accumulate_microbatches = c.accumulate;
+    options.grad_init = c.init;
+    options.poison_memory = true;
+    on_ranks(ranks, [&](comm::HostComm& comm) { testing::train_and_check(comm, options); });
+  }
+}
+
 TEST(Runtime, GradReadyCallbackFiresOncePerWeightAndReduction) {
   std::vector<int> ready(2, 0);
   on_ranks(2, [&](comm::HostComm& comm) {
@@ -108,7 +138,7 @@ TEST(Runtime, FinalizingAnExpertLeaderReducesEveryExpertIntoItsMainGrad) {
     }
     // Each rank's wgrad of expert e, element (r, c): (rank + 1) x (e + 1) x (r + 1).
     for (int e = 0; e < 3; ++e) {
-      float* g = runtime.grad_buffer(ids[e], nullptr);
+      float* g = runtime.grad_buffer(ids[e], nullptr).data;
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t c = 0; c < cols; ++c) g[r * cols + c] = static_cast<float>((comm.rank() + 1) * (e + 1) * (r + 1));
     }

@@ -63,7 +63,7 @@ TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
     }
     for (std::size_t l = layers.size(); l-- > 0;) {
       addresses.push_back(runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, nullptr)[0]);
-      addresses.push_back(runtime.grad_buffer(ids[l], nullptr));
+      addresses.push_back(runtime.grad_buffer(ids[l], nullptr).data);
       runtime.release(&ids[l], 1, nullptr);
       runtime.finalize(&ids[l], 1, true, nullptr);
     }

@@ -22,7 +22,7 @@ void run_step(int layers, int microbatches, WeightSource& weights, ChainOps& ops
       ops.dgrad(i, w);
       weights.release(i);  // wgrad does not read the weight: its slot may be refilled after dgrad
       ops.mark();
-      float* grad = weights.grad(i);
+      const GradTarget grad = weights.grad(i);
       ops.mark();
       ops.wgrad(i, grad);
       weights.finalize(i, mb == microbatches - 1);
@@ -136,10 +136,11 @@ void GtpWeights::release(int layer) {
   check(gtp_release(ctx_, &weights_.at(static_cast<size_t>(layer)), 1, stream_), "gtp_release");
 }
 
-float* GtpWeights::grad(int layer) {
-  float* out = nullptr;
-  check(gtp_grad_buffer(ctx_, weights_.at(static_cast<size_t>(layer)), &out, stream_), "gtp_grad_buffer");
-  return out;
+GradTarget GtpWeights::grad(int layer) {
+  gtp_grad_buffer_t out = GTP_GRAD_BUFFER_INITIALIZER;
+  check(gtp_grad_buffer_ex(ctx_, weights_.at(static_cast<size_t>(layer)), GTP_GRAD_BUFFER_UNINITIALIZED, &out, stream_),
+        "gtp_grad_buffer_ex");
+  return GradTarget{out.data, out.overwrite != 0};
 }
 
 void GtpWeights::finalize(int layer, bool last_microbatch) {

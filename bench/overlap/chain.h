@@ -14,13 +14,20 @@
 
 namespace gtp::bench::overlap {
 
+// Where a wgrad goes: written into `data` when `overwrite` (a GEMM with beta = 0; libgtp's buffer
+// newly handed out without its zero-fill), else added to what it holds (beta = 1).
+struct GradTarget {
+  float* data = nullptr;
+  bool overwrite = false;
+};
+
 // Where a step gets its weights: resident pointers, or libgtp calls around each GEMM.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
   virtual const void* acquire(int layer, gtp_phase_t phase) = 0;
   virtual void release(int layer) = 0;
-  virtual float* grad(int layer) = 0;  // FP32 [out, in] the wgrad is added into
+  virtual GradTarget grad(int layer) = 0;  // FP32 [out, in] the wgrad is written or added into
   virtual void finalize(int layer, bool last_microbatch) = 0;
   virtual void end_step() = 0;
 };
@@ -32,7 +39,7 @@ class ChainOps {
   virtual void mark() = 0;                                  // a timing point (the benchmark records a CUDA event)
   virtual void forward(int layer, const void* weight) = 0;  // x[layer+1] = x[layer] Wᵀ
   virtual void dgrad(int layer, const void* weight) = 0;    // dx[layer] = dy[layer] W
-  virtual void wgrad(int layer, float* grad) = 0;           // grad += dy[layer]ᵀ x[layer]
+  virtual void wgrad(int layer, GradTarget grad) = 0;       // grad (+)= dy[layer]ᵀ x[layer]
 };
 
 // One step: `microbatches` x (forward over every layer, backward in reverse), then end_step. Marks,
@@ -88,7 +95,8 @@ class GtpWeights : public WeightSource {
 
   const void* acquire(int layer, gtp_phase_t phase) override;
   void release(int layer) override;
-  float* grad(int layer) override;
+  // gtp_grad_buffer_ex without the zero-fill: `overwrite` on the first microbatch of each step.
+  GradTarget grad(int layer) override;
   void finalize(int layer, bool last_microbatch) override;
   void end_step() override;
 

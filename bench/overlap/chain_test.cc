@@ -71,19 +71,22 @@ class HostOps : public ChainOps {
         dx_[l % 2][r * s.in_features + k] = to_bf16(acc);
       }
   }
-  void wgrad(int l, float* grad) override {
+  void wgrad(int l, GradTarget grad) override {
     const LayerShape s = layer_shape(o_, l);
+    overwrites += grad.overwrite ? 1 : 0;
     const std::uint16_t* d = dy(l);
     for (std::int64_t c = 0; c < s.out_features; ++c)
       for (std::int64_t k = 0; k < s.in_features; ++k) {
         float acc = 0;
         for (std::int64_t r = 0; r < m_; ++r)
           acc += from_bf16(d[r * s.out_features + c]) * from_bf16(x_[l][r * s.in_features + k]);
-        grad[c * s.in_features + k] += acc;  // beta = 1
+        float& out = grad.data[c * s.in_features + k];
+        out = grad.overwrite ? acc : out + acc;  // beta = 0 or 1
       }
   }
   int marks = 0;
   int wrong_weights = 0;
+  int overwrites = 0;  // wgrads written (beta = 0) rather than added
 
  private:
   LayerShape check(int l, const void* w) {
@@ -101,7 +104,7 @@ class HostOps : public ChainOps {
   std::vector<std::uint16_t> dx_[2];
 };
 
-// The reference: resident weights; a grad buffer zeroed when first handed out and added into the
+// The reference: resident weights; a grad buffer zeroed when first handed out (every wgrad added) and added into the
 // main grad at the last microbatch's finalize (then handed out fresh again), as the runtime does
 // with one rank (mean over G = 1).
 class HostResident : public WeightSource {
@@ -115,11 +118,11 @@ class HostResident : public WeightSource {
   }
   const void* acquire(int l, gtp_phase_t) override { return weights_[static_cast<size_t>(l)].data(); }
   void release(int) override {}
-  float* grad(int l) override {
+  GradTarget grad(int l) override {
     auto& b = buffers_[static_cast<size_t>(l)];
     if (!handed_out_[static_cast<size_t>(l)]) std::fill(b.begin(), b.end(), 0.0f);
     handed_out_[static_cast<size_t>(l)] = true;
-    return b.data();
+    return GradTarget{b.data(), false};
   }
   void finalize(int l, bool last) override {
     if (!last) return;
@@ -193,6 +196,9 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     for (int step = 0; step < steps; ++step) run_step(o.layers, o.microbatches, gtp, ops);
 
     EXPECT_EQ(ops.wrong_weights, 0) << "rank " << rank;
+    // Written once per weight per step (the first microbatch; later ones add). The runtime's pool hands
+    // back the previous step's reduced buffer, so a wgrad added instead of written shows in main grads.
+    EXPECT_EQ(ops.overwrites, steps * o.layers) << "rank " << rank;
     EXPECT_EQ(ops.marks, static_cast<int>(marks_per_step(o.layers, o.microbatches)) * steps);
     for (int l = 0; l < o.layers; ++l) {
       const std::int64_t cols = shapes[static_cast<size_t>(l)].in_features;
@@ -262,16 +268,16 @@ TEST(ChainSplit, MarksFollowTheCalls) {
       return nullptr;
     }
     void release(int) override {}
-    float* grad(int l) override {
+    GradTarget grad(int l) override {
       events.push_back("G" + std::to_string(l));
-      return nullptr;
+      return GradTarget{};
     }
     void finalize(int l, bool last) override { events.push_back(std::string(last ? "R" : "r") + std::to_string(l)); }
     void end_step() override { events.push_back("D"); }
     void mark() override { events.push_back("|"); }
     void forward(int, const void*) override {}
     void dgrad(int, const void*) override {}
-    void wgrad(int, float*) override {}
+    void wgrad(int, GradTarget) override {}
   } log;
   run_step(2, 2, log, log);
   // clang-format off

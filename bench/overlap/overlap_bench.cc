@@ -1,14 +1,14 @@
 // gtp-overlap-bench: does the prefetched gather hide behind the GEMMs? A chain of L linear layers
-// (cuBLAS BF16 GEMMs on one consumer stream) runs forward and backward (dgrad, and wgrad accumulated
-// with beta = 1 into FP32) twice: with resident weights, and with weights materialized by libgtp
-// through the C ABI (materialize / release around each GEMM, wgrad into gtp_grad_buffer, then
-// gtp_finalize; gtp_drain ends the step). See docs/perf-notes.md, "Overlap benchmark".
+// (cuBLAS BF16 GEMMs on one consumer stream) runs forward and backward (dgrad, and an FP32 wgrad)
+// twice: with resident weights (wgrad accumulated, beta = 1), and with weights materialized by libgtp
+// through the C ABI (materialize / release around each GEMM, wgrad into gtp_grad_buffer_ex without
+// the zero-fill: beta = 0 when `overwrite`, 1 otherwise; then gtp_finalize; gtp_drain ends the step). See docs/perf-notes.md, "Overlap benchmark".
 //
 // Exposed communication is measured on the consumer stream: an event recorded just before
 // gtp_materialize and one just after it returns bracket exactly what materialize enqueued there
 // (the wait on the gathered slot's ready event); their elapsed time is how long the consumer
-// stream stood still because the gather was not done. gtp_grad_buffer (its zero-fill runs on the
-// side stream) and gtp_drain (the consumer waits on the side stream) are bracketed the same way.
+// stream stood still because the gather was not done. gtp_grad_buffer_ex (only the padding rows are
+// zeroed, on the side stream) and gtp_drain (the consumer waits on the side stream) are bracketed the same way.
 // The resident chain records the same event pairs around nothing: that is the measurement floor.
 // The step itself (run_step) and the libgtp calls (GtpWeights) live in chain.h, device-free, so
 // chain_test runs the same sequence on the host backend.
@@ -122,11 +122,12 @@ class Gemms {
                         int(s.in_features), dy, CUDA_R_16BF, int(s.out_features), &zero, dx, CUDA_R_16BF,
                         int(s.in_features), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
-  // dW[out,in] += dY^T X, FP32 accumulation into the grad buffer (beta = 1)
-  void wgrad(const void* x, const void* dy, float* dw, const LayerShape& s) const {
-    const float one = 1;
+  // dW[out,in] = dY^T X (beta = 0) into a grad buffer that holds garbage (overwrite), else
+  // dW += dY^T X (beta = 1), FP32 accumulation.
+  void wgrad(const void* x, const void* dy, GradTarget dw, const LayerShape& s) const {
+    const float one = 1, beta = dw.overwrite ? 0.0f : 1.0f;
     CUBLAS(cublasGemmEx(h_, CUBLAS_OP_N, CUBLAS_OP_T, int(s.in_features), int(s.out_features), m_, &one, x, CUDA_R_16BF,
-                        int(s.in_features), dy, CUDA_R_16BF, int(s.out_features), &one, dw, CUDA_R_32F,
+                        int(s.in_features), dy, CUDA_R_16BF, int(s.out_features), &beta, dw.data, CUDA_R_32F,
                         int(s.in_features), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
@@ -188,7 +189,7 @@ class Resident : public WeightSource {
   }
   const void* acquire(int layer, gtp_phase_t) override { return weights_[layer]->ptr; }
   void release(int) override {}
-  float* grad(int layer) override { return grads_[layer]->as<float>(); }
+  GradTarget grad(int layer) override { return GradTarget{grads_[layer]->as<float>(), false}; }  // accumulates
   void finalize(int, bool) override {}
   void end_step() override {}
 
@@ -218,7 +219,7 @@ class DeviceOps : public ChainOps {
     gemms_.forward(w, a_.x[layer]->ptr, a_.x[layer + 1]->ptr, shape(layer));
   }
   void dgrad(int layer, const void* w) override { gemms_.dgrad(w, dy(layer), a_.dx[layer % 2]->ptr, shape(layer)); }
-  void wgrad(int layer, float* grad) override { gemms_.wgrad(a_.x[layer]->ptr, dy(layer), grad, shape(layer)); }
+  void wgrad(int layer, GradTarget grad) override { gemms_.wgrad(a_.x[layer]->ptr, dy(layer), grad, shape(layer)); }
 
  private:
   LayerShape shape(int layer) const { return layer_shape(o_, layer); }
@@ -538,7 +539,7 @@ int run(const Options& o, int argc, char** argv) {
         {"sizing", sizing},
         {"measurement",
          "step: events at the start and end of a step on the consumer stream (median of iters after warmup); exposed: "
-         "events on the consumer stream just before and just after gtp_materialize, gtp_grad_buffer and gtp_drain "
+         "events on the consumer stream just before and just after gtp_materialize, gtp_grad_buffer_ex and gtp_drain "
          "(what they enqueue there is the wait on the side stream), summed per step; overlap: 1 - exposed "
          "materialize wait / the same at depth 0 (every gather on demand); peak memory: free memory before the "
          "configuration minus the least free memory seen (cudaMemGetInfo after each step)"},

@@ -3,7 +3,9 @@
 set -euo pipefail
 lib="$1"
 symbols=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^$')
-echo "$symbols" | grep -qx 'gtp_context_create' || { echo "gtp_context_create is not exported"; exit 1; }
+for name in gtp_context_create gtp_drain_ex gtp_grad_buffer_ex; do
+  echo "$symbols" | grep -qx "$name" || { echo "$name is not exported"; exit 1; }
+done
 others=$(echo "$symbols" | grep -v '^gtp_' || true)
 if [ -n "$others" ]; then
   echo "libgtp.so exports symbols outside gtp_*:"; echo "$others"; exit 1

@@ -379,7 +379,25 @@ gtp_status_t gtp_release_layout(gtp_context_t* ctx, const gtp_weight_t* ws, size
 gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cudaStream_t stream) {
   return on_context(ctx, "gtp_grad_buffer", [&] {
     require(out != nullptr, "out is NULL");
-    *out = ctx->runtime->grad_buffer(id_of(*ctx, w), stream);
+    *out = ctx->runtime->grad_buffer(id_of(*ctx, w), stream).data;
+  });
+}
+
+gtp_status_t gtp_grad_buffer_ex(gtp_context_t* ctx, gtp_weight_t w, uint32_t flags, gtp_grad_buffer_t* out,
+                                cudaStream_t stream) {
+  return on_context(ctx, "gtp_grad_buffer_ex", [&] {
+    if ((flags & ~GTP_GRAD_BUFFER_UNINITIALIZED) != 0) {
+      require(false, "flags " + std::to_string(flags) + " has unknown bits " +
+                         std::to_string(flags & ~GTP_GRAD_BUFFER_UNINITIALIZED) +
+                         "; use 0 or GTP_GRAD_BUFFER_UNINITIALIZED");
+    }
+    require(out != nullptr, "out is NULL; pass a gtp_grad_buffer_t from GTP_GRAD_BUFFER_INITIALIZER");
+    check_struct_size(out->struct_size, sizeof(gtp_grad_buffer_t), "gtp_grad_buffer_t");
+    const gtp::remat::GradBuffer buffer = ctx->runtime->grad_buffer(
+        id_of(*ctx, w), stream,
+        (flags & GTP_GRAD_BUFFER_UNINITIALIZED) != 0 ? gtp::remat::GradInit::kUndefined : gtp::remat::GradInit::kZero);
+    out->data = buffer.data;
+    out->overwrite = buffer.overwrite ? 1 : 0;
   });
 }
 

@@ -112,6 +112,29 @@ int main(void) {
   for (i = 0; i < ROWS * COLS; ++i) CHECK(main_grad[i] == (float)i);
   CHECK_STATUS(gtp_weights_shard_updated(ctx, &w, 1, NULL), GTP_SUCCESS, ctx); /* prefetches the head */
 
+  /* Without the zero-fill: the first buffer of a step is written, a buffer already handed out added to. */
+  {
+    gtp_grad_buffer_t first = GTP_GRAD_BUFFER_INITIALIZER, again = GTP_GRAD_BUFFER_INITIALIZER;
+    float* const untouched = first.data;
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, 2u, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+    CHECK(strstr(gtp_last_error(ctx), "unknown bits 2") != NULL);
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, NULL, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+    first.struct_size -= 1;
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+    CHECK(strstr(gtp_last_error(ctx), "gtp_grad_buffer_t.struct_size") != NULL);
+    CHECK(first.data == untouched && first.overwrite == 0);
+    first.struct_size += 1;
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &first, NULL), GTP_SUCCESS, ctx);
+    CHECK(first.data != NULL && first.overwrite == 1);
+    for (i = 0; first.data != NULL && i < ROWS * COLS; ++i) first.data[i] = (float)i;
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &again, NULL), GTP_SUCCESS, ctx);
+    CHECK(again.data == first.data && again.overwrite == 0);
+    for (i = 0; again.data != NULL && i < ROWS * COLS; ++i) again.data[i] += 1.0f;
+    CHECK_STATUS(gtp_finalize(ctx, &w, 1, 1, NULL), GTP_SUCCESS, ctx);
+    CHECK_STATUS(gtp_drain(ctx, NULL), GTP_SUCCESS, ctx);
+    for (i = 0; i < ROWS * COLS; ++i) CHECK(main_grad[i] == (float)i + (float)i + 1.0f); /* the earlier i, then i + 1 */
+  }
+
   CHECK_STATUS(gtp_stats_json(ctx, stats, 1, &len), GTP_ERROR_INVALID_ARGUMENT, ctx);
   CHECK(len > 1 && len < sizeof stats);
   CHECK_STATUS(gtp_stats_json(ctx, stats, sizeof stats, &len), GTP_SUCCESS, ctx);

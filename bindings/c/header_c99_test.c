@@ -1,5 +1,5 @@
 /* gtp.h compiles alone as C99 (-pedantic-errors -Werror) without CUDA, and its initializers fill in
- * the struct sizes, the header version and the descriptor's defaults (0.3: 1D NVFP4, RCEIL). */
+ * the struct sizes, the header version and the descriptor's defaults (0.3: 1D NVFP4, RCEIL) and the grad buffer's (0.4). */
 #include "gtp/gtp.h"
 
 #include <stdio.h>
@@ -8,11 +8,13 @@ int main(void) {
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
   gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
   gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
+  gtp_grad_buffer_t grad = GTP_GRAD_BUFFER_INITIALIZER;
   cudaStream_t stream = NULL;
   if (config.struct_size != sizeof config || config.header_version != GTP_HEADER_VERSION ||
       desc.struct_size != sizeof desc || desc.wire != GTP_WIRE_FROM_GROUP || desc.expert_leader != NULL ||
       desc.nvfp4_2d != 0 || desc.mx_rounding != GTP_MX_ROUNDING_RCEIL || sizes.struct_size != sizeof sizes ||
-      stream != NULL) {
+      grad.struct_size != sizeof grad || grad.data != NULL || grad.overwrite != 0 ||
+      GTP_GRAD_BUFFER_UNINITIALIZED != 1u || GTP_HEADER_VERSION != 400u || stream != NULL) {
     fprintf(stderr, "an initializer is wrong\n");
     return 1;
   }

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -63,9 +65,10 @@ inline std::vector<float> forward(const std::vector<float>& x, const std::uint16
   return y;
 }
 
-// dx = dy W and g += dy^T x.
+// dx = dy W and g += dy^T x (g = dy^T x with `overwrite`, as a GEMM with beta = 0 writes every output).
 inline std::vector<float> backward(const std::vector<float>& dy, const std::vector<float>& x, const std::uint16_t* w,
-                                   LayerShape s, float* g) {
+                                   LayerShape s, float* g, bool overwrite = false) {
+  if (overwrite) std::fill(g, g + s.rows * s.cols, 0.0f);
   std::vector<float> dx(kBatchRows * s.cols, 0.0f);
   for (std::int64_t b = 0; b < kBatchRows; ++b)
     for (std::int64_t r = 0; r < s.rows; ++r) {
@@ -110,6 +113,28 @@ struct TrainOptions {
   int steps = 4;
   int microbatches = 2;
   RuntimeConfig config;
+  GradInit grad_init = GradInit::kZero;
+  bool poison_memory = false;  // PoisoningHostBackend: what the runtime did not write reads as NaN
+};
+
+// A HostBackend whose fresh allocations and reduced (hence released) gradient buffers are refilled
+// with NaN bytes, so a gradient buffer handed out again holds NaN wherever the runtime does not fill it.
+class PoisoningHostBackend : public HostBackend {
+ public:
+  using HostBackend::HostBackend;
+  static constexpr unsigned char kPoison = 0xFF;  // 0xFFFFFFFF is a NaN
+
+  void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override {
+    HostBackend::reduce_scatter_mean(stream, group, send, recv, recv_count);
+    fill(stream, const_cast<float*>(send), kPoison, group_size(group) * recv_count * static_cast<std::int64_t>(sizeof(float)));
+  }
+
+ protected:
+  void* do_allocate(std::int64_t bytes) override {
+    void* ptr = HostBackend::do_allocate(bytes);
+    std::memset(ptr, kPoison, static_cast<std::size_t>(bytes));
+    return ptr;
+  }
 };
 
 // Trains on this rank (data rank = group rank) and checks, every step: every materialized weight is
@@ -119,7 +144,10 @@ struct TrainOptions {
 inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, TrainReport* report = nullptr) {
   const auto& shapes = layer_shapes();
   const int layers = static_cast<int>(shapes.size());
-  HostBackend backend({&comm});
+  std::unique_ptr<HostBackend> backend_owner =
+      options.poison_memory ? std::make_unique<PoisoningHostBackend>(std::vector<comm::HostComm*>{&comm})
+                            : std::make_unique<HostBackend>(std::vector<comm::HostComm*>{&comm});
+  HostBackend& backend = *backend_owner;
   Runtime runtime(backend, options.config);
   std::vector<std::vector<std::uint16_t>> shards(layers);
   std::vector<std::vector<float>> main_grads(layers);
@@ -165,8 +193,15 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
         const auto out = runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, nullptr);
         const auto full = full_weight(l, step);
         ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "backward layer " << l << " step " << step;
-        float* g = runtime.grad_buffer(ids[l], nullptr);
-        dy = backward(dy, xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l], g);
+        const GradBuffer g = runtime.grad_buffer(ids[l], nullptr, options.grad_init);
+        // Overwrite exactly when kUndefined hands out a buffer (not one held across microbatches).
+        const bool fresh = mb == 0 || !options.config.grads.accumulate_microbatches;
+        ASSERT_EQ(g.overwrite, options.grad_init == GradInit::kUndefined && fresh) << "layer " << l << " mb " << mb;
+        const std::int64_t padded_rows = runtime.registry().get(ids[l]).geometry.padded_rows;
+        for (std::int64_t i = shapes[l].rows * shapes[l].cols; i < padded_rows * shapes[l].cols; ++i) {
+          ASSERT_EQ(g.data[i], 0.0f) << "padding element " << i << " of layer " << l << " mb " << mb;
+        }
+        dy = backward(dy, xs[l], static_cast<const std::uint16_t*>(out[0]), shapes[l], g.data, g.overwrite);
         runtime.release(&ids[l], 1, nullptr);
         runtime.finalize(&ids[l], 1, mb == options.microbatches - 1, nullptr);
       }

@@ -4,7 +4,7 @@ Framework integration lives in gtp.torch. See docs/python.md.
 """
 from ._lib import HEADER_VERSION, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH, find_library, library_path
 from .bootstrap import FileStore, KVBootstrap
-from .context import (Context, Materialized, Section, ShardGeometry, Sizes, Weight, bf16_bits_to_float32, float32_to_bf16_bits, host_array, ring_mean,
+from .context import (Context, GradBuffer, Materialized, Section, ShardGeometry, Sizes, Weight, bf16_bits_to_float32, float32_to_bf16_bits, host_array, ring_mean,
                       shard_geometry)
 from .errors import (CudaError, GtpError, InternalError, InvalidArgumentError, InvalidStateError, SystemError,
                      TimeoutError, VersionError)

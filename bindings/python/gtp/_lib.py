@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 3, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 4, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -86,6 +86,14 @@ class gtp_weight_desc_t(ctypes.Structure):
                 ("nvfp4_2d", ctypes.c_int32), ("mx_rounding", ctypes.c_int32)]  # since 0.3
 
 
+# gtp_grad_buffer_ex flags (since 0.4)
+GRAD_BUFFER_UNINITIALIZED = 1
+
+
+class gtp_grad_buffer_t(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("data", ctypes.c_void_p), ("overwrite", ctypes.c_int32)]
+
+
 class gtp_section_t(ctypes.Structure):
     _fields_ = [("ptr", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64),
                 ("ld", ctypes.c_int64)]
@@ -150,6 +158,7 @@ def _declare(lib):
                                              P(gtp_materialized_t), sz, P(sz), vp]),
         "gtp_release_layout": (c_status, [vp, P(w), sz, ctypes.c_int, vp]),
         "gtp_grad_buffer": (c_status, [vp, w, P(P(ctypes.c_float)), vp]),
+        "gtp_grad_buffer_ex": (c_status, [vp, w, ctypes.c_uint32, P(gtp_grad_buffer_t), vp]),
         "gtp_finalize": (c_status, [vp, P(w), sz, ctypes.c_int32, vp]),
         "gtp_drain": (c_status, [vp, vp]),
         "gtp_drain_ex": (c_status, [vp, ctypes.c_uint32, vp]),

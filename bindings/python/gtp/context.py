@@ -129,6 +129,14 @@ class Sizes:
     data_parallel_count: int
 
 
+@dataclass(frozen=True)
+class GradBuffer:
+    """Context.grad_buffer_ex's answer: the buffer's address, and whether the wgrad must be written into
+    it (overwrite: the rows hold garbage) or added (a buffer already handed out this step)."""
+    address: int
+    overwrite: bool
+
+
 class Weight:
     """A registered weight. Holds references to the memory it was registered with (shard, main_grad)
     so it cannot be freed while libgtp points at it."""
@@ -460,6 +468,15 @@ class Context:
         out = ctypes.POINTER(ctypes.c_float)()
         self._call("gtp_grad_buffer", weight.handle, ctypes.byref(out), _stream(stream))
         return ctypes.cast(out, ctypes.c_void_p).value
+
+    def grad_buffer_ex(self, weight, uninitialized=True, stream=None):
+        """gtp_grad_buffer_ex: grad_buffer without the zero-fill (uninitialized=True). Returns a
+        GradBuffer; write the wgrad when .overwrite (e.g. torch.mm(..., out=)), else add it."""
+        out = _lib.gtp_grad_buffer_t()
+        out.struct_size = ctypes.sizeof(_lib.gtp_grad_buffer_t)
+        flags = _lib.GRAD_BUFFER_UNINITIALIZED if uninitialized else 0
+        self._call("gtp_grad_buffer_ex", weight.handle, flags, ctypes.byref(out), _stream(stream))
+        return GradBuffer(out.data, bool(out.overwrite))
 
     def grad_buffer_array(self, weight):
         """Host backend: the grad buffer's first rows x cols as a float32 numpy array (no copy)."""

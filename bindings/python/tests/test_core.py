@@ -104,6 +104,54 @@ def test_gradients_are_the_ring_mean_bit_exact(world):
         assert trace["traceEvents"], "the trace recorded spans"
 
 
+def _uninitialized_gradients(rank, world, store_dir):
+    """Two steps of grad_buffer_ex without the zero-fill: each step's first call must be written (its buffer is
+    the previous step's, reused), a second call in the step is added to; the padding rows read zero."""
+    store = gtp.FileStore(store_path(store_dir))
+    with gtp.Context(store, rank, world) as ctx:
+        g = ctx.geometry(ROWS, COLS)
+        shard = full_weight()[g.row_start:g.row_start + g.valid_rows].copy()
+        main_grad = np.zeros_like(shard)
+        w = ctx.register("w", shard, ROWS, COLS, main_grad=main_grad)
+        ctx.shard_updated([w])
+        rng = np.random.default_rng(200 + rank)
+        steps = []
+        for _ in range(2):
+            first = ctx.grad_buffer_ex(w)
+            assert first.overwrite
+            padded = gtp.host_array(first.address, (g.shard_rows * world, COLS), np.float32)
+            assert not padded[ROWS:].any(), "padding rows must be zero"
+            written, added = (rng.standard_normal((ROWS, COLS)).astype(np.float32) for _ in range(2))
+            padded[:ROWS] = written
+            again = ctx.grad_buffer_ex(w)
+            assert again.address == first.address and not again.overwrite
+            padded[:ROWS] += added
+            ctx.finalize([w])
+            ctx.drain()
+            steps.append((main_grad.copy(), written + added))
+            main_grad[:] = 0
+        zeroed = ctx.grad_buffer_ex(w, uninitialized=False)
+        assert not zeroed.overwrite and not gtp.host_array(zeroed.address, (ROWS, COLS), np.float32).any()
+        ctx.finalize([w])
+        ctx.drain()
+        return g, steps
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_uninitialized_grad_buffers_are_written_then_added_and_reduce_exactly(world):
+    results = run_ranks(_uninitialized_gradients, world)
+    shard_rows = results[0][0].shard_rows
+    for step in range(2):
+        contributions = []
+        for _, steps in results:
+            p = np.zeros((shard_rows * world, COLS), np.float32)
+            p[:ROWS] = steps[step][1]
+            contributions.append(p)
+        mean = gtp.ring_mean(contributions, shard_rows)
+        for g, steps in results:
+            np.testing.assert_array_equal(steps[step][0], mean[g.row_start:g.row_start + g.valid_rows])
+
+
 def test_library_is_found_and_header_version_is_checked(tmp_path):
     assert os.path.isfile(gtp.library_path())
     with pytest.raises(gtp.VersionError) as e:
@@ -127,6 +175,8 @@ def test_misuse_raises_the_status_class_with_the_library_message(tmp_path):
         ctx.shard_updated([w, w])
     with pytest.raises(gtp.InvalidArgumentError, match="main_grad"):
         ctx.grad_buffer(w)
+    with pytest.raises(gtp.InvalidArgumentError, match="main_grad"):
+        ctx.grad_buffer_ex(w)
     with pytest.raises(ValueError, match="phase='sideways'"):
         ctx.materialize([w], "sideways")
     ctx.unregister(w)

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 3
+#define GTP_VERSION_MINOR 4
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
@@ -207,8 +207,26 @@ gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, s
 gtp_status_t gtp_release_layout(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_layout_t layout,
                                 cudaStream_t stream);
 
-/* FP32 rows x cols wgrad buffer of w, to be filled before gtp_finalize. */
+/* FP32 rows x cols wgrad buffer of w, zero-filled: add the wgrad into it before gtp_finalize. */
 gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cudaStream_t stream);
+
+/* Since 0.4. gtp_grad_buffer with flags (0 = gtp_grad_buffer). GTP_GRAD_BUFFER_UNINITIALIZED: a buffer
+ * newly handed out is not zero-filled (the fill writes the whole FP32 buffer once per weight per step);
+ * its rows x cols hold garbage and `overwrite` is set: the wgrad must be WRITTEN (a GEMM with beta = 0).
+ * With `overwrite` 0 (the buffer was already handed out, e.g. an earlier microbatch under
+ * accumulate_microbatches, or the flag is absent) the wgrad is ADDED (beta = 1). */
+#define GTP_GRAD_BUFFER_UNINITIALIZED 1u
+
+typedef struct {
+  size_t struct_size; /* sizeof(gtp_grad_buffer_t) */
+  float* data;        /* FP32 [rows, cols], row-major */
+  int32_t overwrite;  /* nonzero: write the wgrad; 0: add it */
+} gtp_grad_buffer_t;
+
+#define GTP_GRAD_BUFFER_INITIALIZER { sizeof(gtp_grad_buffer_t), NULL, 0 }
+
+gtp_status_t gtp_grad_buffer_ex(gtp_context_t* ctx, gtp_weight_t w, uint32_t flags, gtp_grad_buffer_t* out,
+                                cudaStream_t stream);
 gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, int32_t last_microbatch,
                           cudaStream_t stream);
 gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);

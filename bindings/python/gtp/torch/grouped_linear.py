@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from .linear import _gemm, _wgrad
+from .linear import _gemm, _store_wgrad, _wgrad
 from .parameter import ShardedParameter
 
 
@@ -17,7 +17,7 @@ def _as_list(materialized):
 
 class _ShardedGroupedFunction(torch.autograd.Function):
     """forward: one group materialize -> a GEMM per expert -> release. backward: one group materialize
-    -> dgrad per expert -> release; each expert's wgrad added into its grad buffer -> one finalize."""
+    -> dgrad per expert -> release; each expert's wgrad written (or added) into its grad buffer -> one finalize."""
 
     @staticmethod
     def forward(ctx, x, m_splits, *weights):
@@ -44,7 +44,9 @@ class _ShardedGroupedFunction(torch.autograd.Function):
                 grad_in = torch.cat([g.matmul(full.to(g.dtype)) for g, full in zip(grads, fulls)])
         finally:
             leader.release_group()
-        leader.finalize_group_grads([_wgrad(g, chunk) for g, chunk in zip(grads, x.split(ctx.m_splits))])
+        for weight, g, chunk in zip(ctx.weights, grads, x.split(ctx.m_splits)):
+            _store_wgrad(weight, g, chunk)
+        leader.finalize_group_grads()
         leader.context.queue_drain()
         return (grad_in, None) + (None,) * len(ctx.weights)
 

@@ -14,13 +14,29 @@ def _gemm(x, weight_bf16):
     return x.matmul(weight_bf16.to(x.dtype).t())
 
 
+def _wgrad_operands(grad_out, x):
+    return grad_out.reshape(-1, grad_out.shape[-1]).t().float(), x.reshape(-1, x.shape[-1]).float()
+
+
 def _wgrad(grad_out, x):
-    return grad_out.reshape(-1, grad_out.shape[-1]).t().float().matmul(x.reshape(-1, x.shape[-1]).float())
+    a, b = _wgrad_operands(grad_out, x)
+    return a.matmul(b)
+
+
+def _store_wgrad(weight, grad_out, x):
+    """The wgrad into the weight's grad buffer: written by the GEMM when the buffer is new this step (no
+    zero-fill, as a GEMM with beta = 0), added to what earlier microbatches left otherwise."""
+    buffer, overwrite = weight.wgrad_buffer()
+    a, b = _wgrad_operands(grad_out, x)
+    if overwrite:
+        torch.mm(a, b, out=buffer)
+    else:
+        buffer.add_(a.matmul(b))
 
 
 class _ShardedLinearFunction(torch.autograd.Function):
     """forward: materialize -> GEMM -> release. backward: materialize for backward -> dgrad -> release;
-    wgrad added into grad_buffer -> finalize (reduce-scatter into main_grad, drain at the end)."""
+    wgrad written (or added) into the grad buffer -> finalize (reduce-scatter into main_grad, drain at the end)."""
 
     @staticmethod
     def forward(ctx, x, weight):
@@ -45,7 +61,7 @@ class _ShardedLinearFunction(torch.autograd.Function):
                 grad_in = grad_out.matmul(full.to(grad_out.dtype))
         finally:
             weight.release_group()
-        weight.grad_buffer().add_(_wgrad(grad_out, x))
+        _store_wgrad(weight, grad_out, x)
         weight.finalize_group_grads()
         weight.context.queue_drain()
         return grad_in, None  # the shard's gradient arrives in main_grad, then .grad at drain

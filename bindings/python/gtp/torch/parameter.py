@@ -87,6 +87,14 @@ class ShardedParameter(torch.nn.Parameter):
         address = context.grad_buffer(self.gtp_weight, stream=context.stream())
         return tensor_at(address, self.full_shape, torch.float32, context.device)
 
+    def wgrad_buffer(self):
+        """(buffer, overwrite): the grad buffer without libgtp's zero-fill. overwrite True: the buffer holds
+        garbage and the wgrad must be WRITTEN into it (torch.mm(..., out=buffer)); False (already handed
+        out this step, e.g. an earlier microbatch): ADD it."""
+        context = self.context
+        buffer = context.grad_buffer_ex(self.gtp_weight, uninitialized=True, stream=context.stream())
+        return tensor_at(buffer.address, self.full_shape, torch.float32, context.device), buffer.overwrite
+
     def finalize_group_grads(self, wgrads=None):
         """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into
         main_grad; asynchronous: returns None. wgrads (one per group member, in order) that are not the

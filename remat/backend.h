@@ -73,7 +73,8 @@ class Backend {
   // In place, one collective for all `count` values.
   virtual void all_reduce_max(Stream stream, int group, float* data, std::int64_t count) = 0;
   // recv = (1/G) x sum over the group of the recv_count values at offset group_rank x recv_count of
-  // each rank's send (G x recv_count FP32 values), accumulated in FP32.
+  // each rank's send (G x recv_count FP32 values), accumulated in FP32. recv may be exactly
+  // send + group_rank x recv_count (in place); it must not overlap send otherwise.
   virtual void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv,
                                    std::int64_t recv_count) = 0;
   // dst[i] += src[i] in FP32.

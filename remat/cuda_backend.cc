@@ -162,8 +162,11 @@ void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
   comm::NcclComm& c = *comms(group).reduce_scatter;
-  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, ncclAvg, c.get(), on(stream)),
-           "ncclReduceScatter(avg)");
+  // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
+  // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
+  const ncclRedOp_t op = c.size() == 1 ? ncclSum : ncclAvg;
+  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, op, c.get(), on(stream)),
+           "ncclReduceScatter(mean)");
 }
 
 void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) {

@@ -216,14 +216,22 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   cudaFree(main_grad);
 }
 
-// Refills every reduced grad buffer with NaN bytes (after the reduce-scatter, on its stream), so a
+// Refills every reduced grad buffer with NaN bytes (on its stream, once its rows are dead), so a
 // buffer handed out again holds NaN wherever the runtime does not fill it.
 class PoisoningCudaBackend : public CudaBackend {
  public:
   using CudaBackend::CudaBackend;
+  // The reduction is in place: everything but this rank's result is dead once it ran, and the result
+  // once the main-grad add read it.
   void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override {
     CudaBackend::reduce_scatter_mean(stream, group, send, recv, recv_count);
-    fill(stream, const_cast<float*>(send), 0xFF, group_size(group) * recv_count * static_cast<std::int64_t>(sizeof(float)));
+    const std::int64_t before = recv - send, after = group_size(group) * recv_count - before - recv_count;
+    fill(stream, const_cast<float*>(send), 0xFF, before * static_cast<std::int64_t>(sizeof(float)));
+    fill(stream, recv + recv_count, 0xFF, after * static_cast<std::int64_t>(sizeof(float)));
+  }
+  void add(Stream stream, const float* src, float* dst, std::int64_t count) override {
+    CudaBackend::add(stream, src, dst, count);
+    fill(stream, const_cast<float*>(src), 0xFF, count * static_cast<std::int64_t>(sizeof(float)));
   }
 };
 

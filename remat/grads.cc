@@ -12,7 +12,7 @@ Grads::~Grads() {
     backend_.deallocate(buffer.ptr, bytes);
   }
   for (auto& [id, buffer] : handed_out_) backend_.deallocate(buffer.ptr, buffer.bytes);
-  for (Pending& pending : pending_) backend_.deallocate(pending.staging.ptr, pending.staging.bytes);
+  for (Pending& pending : pending_) backend_.deallocate(pending.reduced.ptr, pending.reduced.bytes);
 }
 
 Stream Grads::rs_stream(WeightId id) const {
@@ -68,18 +68,24 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   return GradBuffer{buffer.ptr, init == GradInit::kUndefined};
 }
 
+// This rank's reduced rows in a grad buffer of `weight`.
+float* Grads::shard_of(const Weight& weight, float* full) const {
+  return full + backend_.group_rank(weight.desc.group) * weight.geometry.shard_rows * weight.desc.cols;
+}
+
 void Grads::apply_pending() {
   for (Pending& pending : pending_) {
     const Weight& weight = registry_.get(pending.id);
-    const Stream rs = rs_stream(pending.id);  // where the staging shard was reduced into
+    const Stream rs = rs_stream(pending.id);  // where the buffer was reduced
     if (weight.valid_rows > 0) {
-      backend_.add(rs, pending.staging.ptr, weight.desc.main_grad, weight.valid_rows * weight.desc.cols);
+      backend_.add(rs, shard_of(weight, pending.reduced.ptr), weight.desc.main_grad,
+                   weight.valid_rows * weight.desc.cols);
     }
     if (config_.grad_ready) {  // by value: the callback may run after this object is gone
       backend_.host_callback(rs, [callback = config_.grad_ready, id = pending.id] { callback(id); });
     }
     ++stats_.grads_ready;
-    give_back(pending.staging, rs);
+    give_back(pending.reduced, rs);
   }
   pending_.clear();
 }
@@ -106,13 +112,11 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
     const Weight& weight = registry_.get(id);
     const Stream rs = rs_stream(id);
     const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
-    Pending pending{id, take(count * static_cast<std::int64_t>(sizeof(float)), rs)};
-    Pooled full = handed_out_[id];
+    const Pooled full = handed_out_[id];
     handed_out_.erase(id);
-    backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, pending.staging.ptr, count);
+    backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, shard_of(weight, full.ptr), count);
     ++stats_.reduce_scatters;
-    give_back(full, rs);
-    pending_.push_back(pending);
+    pending_.push_back(Pending{id, full});
   }
 }
 

@@ -5,10 +5,13 @@
 // With GradInit::kZero the rows are zero-filled and the consumer ADDS its wgrad; with
 // GradInit::kUndefined a newly handed-out buffer is not filled (the fill writes the whole FP32 buffer
 // once per weight per step) and the consumer must WRITE its first wgrad (a GEMM with beta = 0), as
-// GradBuffer::overwrite says. finalize(w) enqueues, on the side stream after the consumer's work, a reduce-scatter over the
-// weight's group with the 1/G mean pre-scale, accumulated in FP32, into a staging shard. The add into
-// the weight's FP32 main grad is deferred to the next finalize or drain, and is followed by the
-// grad-ready callback. drain(stream) applies what is pending and orders `stream` after all of it.
+// // GradBuffer::overwrite says. finalize(w) enqueues, on the side stream after the consumer's work, a
+// reduce-scatter over the weight's group with the 1/G mean pre-scale, accumulated in FP32, in place:
+// this rank's shard of the result lands in its own rows of the buffer (NCCL's in-place form, no staging
+// buffer; on a size-1 group nothing moves). The add of those rows into the weight's FP32 main grad is
+// deferred to the next finalize or drain, and is followed by the grad-ready callback; the buffer goes
+// back to the pool after the add. drain(stream) applies what is pending and orders `stream` after all
+// of it.
 //
 // With accumulate_microbatches, finalize(w, last_microbatch = false) keeps the buffer so the next
 // microbatch adds into it; only the last microbatch reduces (one reduce-scatter per step, at the cost
@@ -74,13 +77,14 @@ class Grads {
   };
   struct Pending {
     WeightId id = kNoWeight;
-    Pooled staging;
+    Pooled reduced;  // the grad buffer, its shard rows reduced in place
   };
   // Pool buffers are shared by every group: `stream` (the user's side stream) waits on the last use.
   Pooled take(std::int64_t bytes, Stream stream);
   void give_back(Pooled buffer, Stream stream);
   Stream rs_stream(WeightId id) const;
   void apply_pending();
+  float* shard_of(const Weight& weight, float* full) const;
 
   Backend& backend_;
   const Registry& registry_;

@@ -124,9 +124,17 @@ class PoisoningHostBackend : public HostBackend {
   using HostBackend::HostBackend;
   static constexpr unsigned char kPoison = 0xFF;  // 0xFFFFFFFF is a NaN
 
+  // The reduction is in place: everything but this rank's result is dead once it ran, and the result
+  // once the main-grad add read it.
   void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override {
     HostBackend::reduce_scatter_mean(stream, group, send, recv, recv_count);
-    fill(stream, const_cast<float*>(send), kPoison, group_size(group) * recv_count * static_cast<std::int64_t>(sizeof(float)));
+    const std::int64_t before = recv - send, after = group_size(group) * recv_count - before - recv_count;
+    fill(stream, const_cast<float*>(send), kPoison, before * static_cast<std::int64_t>(sizeof(float)));
+    fill(stream, recv + recv_count, kPoison, after * static_cast<std::int64_t>(sizeof(float)));
+  }
+  void add(Stream stream, const float* src, float* dst, std::int64_t count) override {
+    HostBackend::add(stream, src, dst, count);
+    fill(stream, const_cast<float*>(src), kPoison, count * static_cast<std::int64_t>(sizeof(float)));
   }
 
  protected:

@@ -467,6 +467,17 @@ void Runtime::unregister_weight(WeightId id) {
   }
 }
 
+bool Runtime::capture_in_progress(Stream stream) {
+  const Backend::CallScope scope(backend_);
+  if (backend_.capturing(stream)) return true;
+  for (int g = 0; g < backend_.group_count(); ++g) {
+    for (Role role : {Role::kGather, Role::kReduceScatter}) {
+      if (backend_.capturing(backend_.side_stream(g, role))) return true;
+    }
+  }
+  return false;
+}
+
 void Runtime::reset_chains() {
   for (Chain& chain : chains_) chain.reset();
   head_deferred_ = false;

@@ -105,6 +105,10 @@ class Runtime {
   void drain(Stream stream, Head head = Head::kAtDrain);
   // Forgets every chain (in-process model rebuild) and drops prefetched slots.
   void reset_chains();
+  // True while `stream` is being captured into a CUDA graph, or a capture has joined any side stream
+  // (every runtime call under capture forks them in, and drain joins them back before the capture can
+  // end). Calls that allocate, free or re-pack must not run then (the C ABI refuses them).
+  bool capture_in_progress(Stream stream);
 
   RuntimeStats stats() const;
   const CacheStats& cache_stats() const { return cache_.stats(); }

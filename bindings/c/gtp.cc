@@ -219,6 +219,16 @@ gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_
   return guarded(nullptr, "gtp_context_create", [&] { gtp::cabi::create_context(config, out); });
 }
 
+// Calls that allocate, free or re-pack cannot become part of a CUDA graph: refused, with nothing done,
+// while `stream` is captured or a capture has joined the context's side streams.
+void refuse_under_capture(gtp_context& ctx, const char* call, cudaStream_t stream = nullptr) {
+  if (ctx.runtime->capture_in_progress(stream)) {
+    throw StateError(std::string(call) +
+                     " is not capture-safe and a CUDA graph capture is in progress on this context's streams; "
+                     "call it before cudaStreamBeginCapture or after cudaStreamEndCapture");
+  }
+}
+
 gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
   if (ctx == nullptr) return GTP_SUCCESS;
   const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
@@ -257,6 +267,7 @@ gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
 
 gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out) {
   return on_context(ctx, "gtp_weight_register", [&] {
+    refuse_under_capture(*ctx, "gtp_weight_register");
     require(desc != nullptr, "desc is NULL");
     require(out != nullptr, "out is NULL");
     check_struct_size(desc->struct_size, sizeof(gtp_weight_desc_t), "gtp_weight_desc_t");
@@ -302,12 +313,15 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
 }
 
 gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
-  return on_context(ctx, "gtp_weight_unregister", [&] { ctx->runtime->unregister_weight(id_of(*ctx, w)); },
-                    InvalidArgumentIs::kState);
+  return on_context(ctx, "gtp_weight_unregister", [&] {
+    refuse_under_capture(*ctx, "gtp_weight_unregister");
+    ctx->runtime->unregister_weight(id_of(*ctx, w));
+  }, InvalidArgumentIs::kState);
 }
 
 gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream) {
   return on_context(ctx, "gtp_weights_shard_updated", [&] {
+    refuse_under_capture(*ctx, "gtp_weights_shard_updated", stream);
     const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
     ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
   });
@@ -426,7 +440,10 @@ gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t strea
 }
 
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx) {
-  return on_context(ctx, "gtp_reset_chains", [&] { ctx->runtime->reset_chains(); });
+  return on_context(ctx, "gtp_reset_chains", [&] {
+    refuse_under_capture(*ctx, "gtp_reset_chains");
+    ctx->runtime->reset_chains();
+  });
 }
 
 gtp_status_t gtp_stats_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {

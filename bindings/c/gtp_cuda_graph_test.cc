@@ -359,6 +359,19 @@ class Model {
     std::vector<char> trace(len + 1);
     EXPECT_EQ(gtp_trace_json(ctx_, trace.data(), trace.size(), &len), GTP_SUCCESS) << gtp_last_error(ctx_);
     EXPECT_NE(w0, nullptr);
+    // Not capture-safe (they allocate, free or re-pack): refused with nothing done.
+    EXPECT_GTP_ERROR(gtp_weights_shard_updated(ctx_, handles_.data(), handles_.size(), stream_),
+                     GTP_ERROR_INVALID_STATE, ctx_, "capture");
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    desc.name = "late";
+    desc.shard = w0;
+    desc.rows = 16;
+    desc.cols = 16;
+    desc.wire = GTP_WIRE_BF16;
+    gtp_weight_t late{};
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx_, &desc, &late), GTP_ERROR_INVALID_STATE, ctx_, "capture");
+    EXPECT_GTP_ERROR(gtp_weight_unregister(ctx_, handles_[0]), GTP_ERROR_INVALID_STATE, ctx_, "capture");
+    EXPECT_GTP_ERROR(gtp_reset_chains(ctx_), GTP_ERROR_INVALID_STATE, ctx_, "capture");
     expect_still_capturing("after the refused release and materialize and the host-only calls");
   }
 

@@ -86,6 +86,7 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
       timeout_(timeout),
       streams_(device),
       events_(device) {
+  for (const CudaGroup& g : groups_) shapes_.push_back({g.gather->size(), g.gather->rank()});
   check(cudaSetDevice(device_), "cudaSetDevice");
   // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
   // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter, nor (each role
@@ -100,6 +101,11 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
 CudaBackend::~CudaBackend() {
   for (auto& [id, entry] : live_) events_.release(entry.event);
   for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
+}
+
+const std::pair<int, int>& CudaBackend::shape(int group) const {
+  comms(group);  // throws for an unknown group
+  return shapes_[static_cast<std::size_t>(group)];
 }
 
 const CudaGroup& CudaBackend::comms(int group) const {
@@ -164,7 +170,7 @@ void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* sen
   comm::NcclComm& c = *comms(group).reduce_scatter;
   // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
   // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
-  const ncclRedOp_t op = c.size() == 1 ? ncclSum : ncclAvg;
+  const ncclRedOp_t op = group_size(group) == 1 ? ncclSum : ncclAvg;
   enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, op, c.get(), on(stream)),
            "ncclReduceScatter(mean)");
 }

@@ -59,8 +59,9 @@ class CudaBackend : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string name() const override { return "cuda"; }
-  int group_size(int group) const override { return comms(group).gather->size(); }
-  int group_rank(int group) const override { return comms(group).gather->rank(); }
+  // As the communicators had them at construction (an aborted communicator no longer knows).
+  int group_size(int group) const override { return shape(group).first; }
+  int group_rank(int group) const override { return shape(group).second; }
 
   int group_count() const override { return static_cast<int>(groups_.size()); }
 
@@ -103,6 +104,7 @@ class CudaBackend : public Backend {
  private:
   // Throws std::invalid_argument for an unknown group.
   const CudaGroup& comms(int group) const;
+  const std::pair<int, int>& shape(int group) const;  // (size, rank); throws for an unknown group
   void enqueued(comm::NcclComm& comm, int result, const char* what);
   struct Live {
     cudaEvent_t event;
@@ -115,6 +117,7 @@ class CudaBackend : public Backend {
 
   int device_;
   std::vector<CudaGroup> groups_;  // validated before streams_ and events_ touch CUDA
+  std::vector<std::pair<int, int>> shapes_;  // per group: (size, this rank), from construction
   std::chrono::milliseconds timeout_;
   comm::StreamPool streams_;
   std::vector<cudaStream_t> side_;  // [2 * group + role], created in the constructor

@@ -1,5 +1,6 @@
 #include "remat/grads.h"
 
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -19,9 +20,14 @@ Stream Grads::rs_stream(WeightId id) const {
   return backend_.side_stream(registry_.get(id).desc.group, Role::kReduceScatter);
 }
 
+// A free buffer of `bytes`: the one given back last. The in-place reduction holds a buffer until the
+// next finalize, so buffers cycle through the weights of a backward; taking the latest keeps that cycle
+// the same every step (each weight gets the same buffer: stable addresses for a CUDA graph captured
+// after warm-up), where the oldest would alternate between steps.
 Grads::Pooled Grads::take(std::int64_t bytes, Stream stream) {
-  const auto found = pool_.lower_bound(bytes);
-  if (found != pool_.end() && found->first == bytes) {
+  const auto [first, last] = pool_.equal_range(bytes);  // equal sizes keep their give-back order
+  if (first != last) {
+    const auto found = std::prev(last);
     Pooled buffer = found->second;
     pool_.erase(found);
     backend_.wait(stream, buffer.ready);

@@ -113,6 +113,42 @@ TEST(Runtime, GradReadyCallbackFiresOncePerWeightAndReduction) {
   EXPECT_EQ(ready[1], 3 * 3 * 2);
 }
 
+TEST(Runtime, EveryWeightGetsTheSameGradBufferEveryStep) {
+  // Weights 1..3 share a buffer size, weight 0 is larger; backward runs 3, 2, 1, 0. The in-place
+  // reduction holds each buffer until the next finalize, so two buffers of the shared size cycle
+  // through three weights; each weight must still get the same one every step (stable addresses for
+  // a CUDA graph captured after warm-up). Taking the oldest free buffer alternates between steps.
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    Runtime runtime(backend, RuntimeConfig{});
+    const std::int64_t cols = 16;
+    const std::int64_t rows[4] = {64, 32, 32, 32};
+    std::vector<std::uint16_t> shard(32 * cols, 0);
+    std::vector<std::vector<float>> main_grads(4, std::vector<float>(32 * cols, 0.0f));
+    std::vector<WeightId> ids;
+    for (int w = 0; w < 4; ++w) {
+      WeightDesc desc;
+      desc.name = "w" + std::to_string(w);
+      desc.shard = shard.data();
+      desc.rows = rows[w];
+      desc.cols = cols;
+      desc.main_grad = main_grads[w].data();
+      ids.push_back(runtime.register_weight(desc));
+    }
+    std::vector<float*> first(4);
+    for (int step = 0; step < 4; ++step) {
+      for (int w = 3; w >= 0; --w) {
+        float* buffer = runtime.grad_buffer(ids[w], nullptr).data;
+        if (step == 0) first[w] = buffer;
+        EXPECT_EQ(buffer, first[w]) << "weight " << w << ", step " << step;
+        runtime.finalize(&ids[w], 1, true, nullptr);
+      }
+      runtime.drain(nullptr);
+    }
+    EXPECT_EQ(runtime.grads_stats().pool_buffers, 3);
+  });
+}
+
 TEST(Runtime, FinalizingAnExpertLeaderReducesEveryExpertIntoItsMainGrad) {
   on_ranks(4, [](comm::HostComm& comm) {
     HostBackend backend({&comm});

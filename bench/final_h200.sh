@@ -48,7 +48,7 @@ if wanted torch_peer; then
   grep -v Warning "$work/torch_peer.log" | tail -n 30
 fi
 if wanted remat; then
-  timed 150 remat bash bench/run_h200.sh remat
+  timed 240 remat bash bench/run_h200.sh remat
   grep -E "^BM_C" "$work/remat.log" | head -80
 fi
 if wanted comm; then

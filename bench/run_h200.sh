@@ -38,11 +38,11 @@ if [ "$what" = kernels ] || [ "$what" = all ]; then
 fi
 if [ "$what" = remat ] || [ "$what" = all ]; then
   echo "== remat host overhead on the CUDA backend"
-  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/cuda_overhead_bench --benchmark_min_time=0.2 \
+  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/cuda_overhead_bench --benchmark_min_time=0.1 \
     --benchmark_out="$out/remat_overhead_gpu.json" --benchmark_out_format=json \
     --benchmark_context=commit="${GTP_COMMIT:-unknown}" 2>&1
   echo "== remat host overhead through the C ABI (host backend, then GTP_BACKEND_CUDA)"
-  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/c_abi_overhead_bench --benchmark_min_time=0.2 \
+  LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib" $bin/c_abi_overhead_bench --benchmark_min_time=0.1 \
     --benchmark_out="$out/remat_overhead_capi_gpu.json" --benchmark_out_format=json \
     --benchmark_context=commit="${GTP_COMMIT:-unknown}" 2>&1
 fi

@@ -103,6 +103,25 @@ ChunkLayout validate_unpack(const WireSpec& spec, const GatheredChunks& in, cons
   return layout;
 }
 
+void validate_unpack_many(const WireSpec& spec, const UnpackJob* jobs, int64_t n) {
+  if (n < 0) {
+    throw std::invalid_argument("unpack job count n=" + std::to_string(n) +
+                                " is negative: pass the number of jobs (0 does nothing)");
+  }
+  if (n > 0 && jobs == nullptr) {
+    throw std::invalid_argument("unpack jobs is null with n=" + std::to_string(n) +
+                                ": pass an array of n UnpackJob");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      validate_unpack(spec, jobs[i].in, jobs[i].out_bf16, jobs[i].out_capacity);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("unpack job " + std::to_string(i) + " of " + std::to_string(n) +
+                                  ": " + e.what());
+    }
+  }
+}
+
 ChunkLayout validate_unpack_gemm(const WireSpec& spec, const GatheredChunks& in,
                                  const GemmOutputs& out) {
   const ChunkLayout layout = check_gathered(spec, in);

@@ -30,6 +30,14 @@ struct GatheredChunks {
   WeightGeometry geometry;      // rows, cols, G of the whole TP-local weight
 };
 
+// One weight of a multi-weight unpack to the BF16 layout (unpack_many_*): its gathered chunks and
+// where its BF16 weight goes, exactly unpack_*'s arguments. Every job of a call shares one WireSpec.
+struct UnpackJob {
+  GatheredChunks in;
+  void* out_bf16 = nullptr;
+  int64_t out_capacity = 0;     // bytes writable at out_bf16
+};
+
 // Outputs of unpack to the GEMM-ready layout; sizes from gemm_layout_sizes().
 struct GemmOutputs {
   void* data = nullptr;
@@ -48,6 +56,9 @@ struct GemmOutputs {
 ChunkLayout validate_pack(const WireSpec& spec, const PackArgs& args);
 ChunkLayout validate_unpack(const WireSpec& spec, const GatheredChunks& in, const void* out,
                             int64_t out_capacity);
+// Every job as validate_unpack checks it, the message prefixed with the job's index ("unpack job 5
+// of 8: ..."), so a bad job is refused before any job is written. n = 0 is valid (nothing to do).
+void validate_unpack_many(const WireSpec& spec, const UnpackJob* jobs, int64_t n);
 ChunkLayout validate_unpack_gemm(const WireSpec& spec, const GatheredChunks& in,
                                  const GemmOutputs& out);
 void validate_amax_input(const void* src, SourceDtype dtype, int64_t rows, int64_t cols,

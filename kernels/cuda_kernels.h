@@ -28,6 +28,15 @@ void pack_cuda(const WireSpec& spec, const PackArgs& args, cudaStream_t stream);
 void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  int64_t out_capacity, cudaStream_t stream);
 
+// unpack_cuda of n jobs sharing one spec (shapes may differ), each output bit-identical to
+// unpack_cuda's, in ceil(n / kUnpackJobsPerLaunch) kernel launches instead of n (BF16 wire: one
+// device copy per job, as unpack_cuda). All jobs are validated first (validate_unpack_many: the
+// message names the bad job's index) and nothing is enqueued if one is bad. Outputs must not overlap.
+void unpack_many_cuda(const WireSpec& spec, const UnpackJob* jobs, int64_t n, cudaStream_t stream);
+// Jobs per unpack_many_cuda launch: the job descriptors travel as kernel parameters, and this many
+// fit the classic 4 KiB parameter limit (unpack.cu asserts it).
+inline constexpr int64_t kUnpackJobsPerLaunch = 48;
+
 // Gathered chunks -> GEMM-ready codes, scales, optional exact transpose, per-chunk decode scales.
 void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const GemmOutputs& out,
                       cudaStream_t stream);

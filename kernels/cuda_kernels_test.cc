@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -239,6 +241,127 @@ TEST_F(CudaKernels, AmaxMatchesTheReference) {
   }
 }
 
+// ---- unpack_many_cuda: many weights of one wire in one launch per kUnpackJobsPerLaunch jobs.
+
+// The G gathered chunks of a random weight, packed by the CPU reference (pack_cuda is held to it
+// by the tests above).
+struct GatheredWeight {
+  WeightGeometry geometry;
+  std::vector<uint8_t> chunks;
+};
+
+GatheredWeight gathered_reference(const WireSpec& spec, const Shape& s, const EdgeCases& edges,
+                                  bool shared_amax, uint64_t seed) {
+  GatheredWeight g;
+  const auto w = random_weight(s.rows, s.cols, seed, edges);
+  g.geometry = weight_geometry(spec.format, s.rows, s.cols, s.G);
+  const ChunkLayout layout = chunk_layout(spec, g.geometry.shard_rows, s.cols);
+  g.chunks.resize(layout.chunk_bytes * s.G);
+  float amax = 0;
+  for (float x : w) if (std::isfinite(x)) amax = std::max(amax, std::fabs(x));
+  amax *= 0.75f;  // below the true amax: the largest elements saturate
+  for (int64_t rank = 0; rank < s.G; ++rank) {
+    const int64_t valid = g.geometry.valid_rows(rank);
+    AlignedBytes shard =
+        shard_bytes(w, s.cols, rank * g.geometry.shard_rows, valid, SourceDtype::kFP32);
+    AlignedBytes chunk(layout.chunk_bytes);
+    PackArgs a;
+    a.src_dtype = SourceDtype::kFP32;
+    a.shard_rows = g.geometry.shard_rows;
+    a.valid_rows = valid;
+    a.cols = s.cols;
+    a.shard = shard.data();
+    a.chunk = chunk.data();
+    a.chunk_capacity = layout.chunk_bytes;
+    a.amax = shared_amax ? &amax : nullptr;
+    pack_reference(spec, a);
+    std::memcpy(g.chunks.data() + rank * layout.chunk_bytes, chunk.data(), layout.chunk_bytes);
+  }
+  return g;
+}
+
+// `count` weight shapes valid for `format`, all different: first the edge shapes of kShapes but the
+// large one (ragged rows, G = 1..8, an odd NVFP4 group count), then random ones (ragged rows, G up to 8).
+std::vector<Shape> many_shapes(WireFormat format, int count, std::mt19937_64& rng) {
+  std::vector<Shape> out;
+  const size_t edge_shapes = sizeof(kShapes) / sizeof(kShapes[0]) - 1;
+  for (size_t i = 0; i < edge_shapes && static_cast<int>(out.size()) < count; ++i)
+    if (kShapes[i].cols % column_multiple(format) == 0) out.push_back(kShapes[i]);
+  const int64_t multiple = column_multiple(format);
+  const int64_t groups[] = {1, 2, 3, 4, 8};
+  while (static_cast<int>(out.size()) < count) {
+    out.push_back(Shape{std::uniform_int_distribution<int64_t>(1, 600)(rng),
+                        multiple * std::uniform_int_distribution<int64_t>(1, 512 / multiple)(rng),
+                        groups[std::uniform_int_distribution<int>(0, 4)(rng)]});
+  }
+  return out;
+}
+
+// All jobs' chunks in one device buffer and all outputs in another, each output followed by a gap
+// of 256 bytes: the whole output buffer is compared, so a write outside a job's output shows too.
+void compare_unpack_many(const WireSpec& spec, int count, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::vector<Shape> shapes = many_shapes(spec.format, count, rng);
+  std::vector<GatheredWeight> weights;
+  std::vector<int64_t> chunk_offset, out_offset;
+  int64_t chunk_bytes = 0, out_bytes = 0;
+  for (int i = 0; i < count; ++i) {
+    EdgeCases edges;
+    edges.non_finite = i % 2 == 1;
+    weights.push_back(gathered_reference(spec, shapes[i], edges, i % 3 == 0, rng()));
+    chunk_offset.push_back(chunk_bytes);
+    chunk_bytes += round_up(static_cast<int64_t>(weights.back().chunks.size()), 256);
+    out_offset.push_back(out_bytes);
+    out_bytes += round_up(shapes[i].rows * shapes[i].cols * 2, 256) + 256;
+  }
+  AlignedBytes host_chunks(chunk_bytes);
+  for (int i = 0; i < count; ++i)
+    std::memcpy(host_chunks.data() + chunk_offset[i], weights[i].chunks.data(), weights[i].chunks.size());
+  DeviceBuffer d_chunks(chunk_bytes), d_out(out_bytes);
+  d_chunks.upload(host_chunks.data(), chunk_bytes);
+  std::vector<UnpackJob> jobs;
+  for (int i = 0; i < count; ++i) {
+    const int64_t bytes = shapes[i].rows * shapes[i].cols * 2;
+    jobs.push_back(UnpackJob{{d_chunks.get() + chunk_offset[i],
+                              static_cast<int64_t>(weights[i].chunks.size()), weights[i].geometry},
+                             d_out.get() + out_offset[i], bytes});
+  }
+  std::vector<AlignedBytes> reference;
+  for (int i = 0; i < count; ++i) {
+    reference.emplace_back(jobs[i].out_capacity);
+    unpack_reference(spec, {host_chunks.data() + chunk_offset[i], jobs[i].in.capacity,
+                            weights[i].geometry}, reference[i].data(), jobs[i].out_capacity);
+  }
+  for (uint8_t poison : {0xA5, 0x5A}) {
+    std::vector<uint8_t> expected(out_bytes, poison);
+    for (int i = 0; i < count; ++i)
+      std::memcpy(expected.data() + out_offset[i], reference[i].data(), jobs[i].out_capacity);
+    d_out.fill(poison);
+    unpack_many_cuda(spec, jobs.data(), count, nullptr);
+    const std::vector<uint8_t> got = d_out.download(out_bytes);
+    for (int i = 0; i < count; ++i) {
+      const int64_t end = i + 1 < count ? out_offset[i + 1] : out_bytes;
+      EXPECT_EQ(std::memcmp(got.data() + out_offset[i], expected.data() + out_offset[i],
+                            end - out_offset[i]), 0)
+          << name(spec) << " unpack_many of " << count << ": job " << i << " rows="
+          << shapes[i].rows << " cols=" << shapes[i].cols << " G=" << shapes[i].G
+          << " (or the gap after it) differs, poison " << int(poison);
+    }
+  }
+}
+
+TEST_F(CudaKernels, UnpackManyMatchesTheReferenceForEachJobBitForBit) {
+  static_assert(70 > kUnpackJobsPerLaunch, "70 jobs must take more than one launch");
+  std::mt19937_64 seeds(std::random_device{}());
+  for (const WireSpec& spec : kAllSpecs) {
+    for (int count : {1, 3, 70}) {
+      const uint64_t seed = seeds();
+      SCOPED_TRACE(name(spec) + " jobs " + std::to_string(count) + " seed " + std::to_string(seed));
+      compare_unpack_many(spec, count, seed);
+    }
+  }
+}
+
 // Argument checks run on the host before anything touches CUDA: they hold without a GPU too.
 TEST(CudaKernelArguments, BadInputIsRefusedBeforeAnyLaunch) {
   PackArgs a;
@@ -261,6 +384,79 @@ TEST(CudaKernelArguments, BadInputIsRefusedBeforeAnyLaunch) {
                std::invalid_argument);
   EXPECT_THROW(amax_cuda(buffer, SourceDtype::kBF16, 4, 0, nullptr, nullptr),
                std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace gtp::kernels
+
+namespace gtp::kernels {
+namespace {
+
+// Eight FP8 jobs in host memory, job 5's capacity two bytes short: unpack_many_cuda and
+// unpack_many_reference refuse the call naming job 5, and no output is written, not even the
+// valid jobs before it (the reference would write them if it checked job by job).
+TEST(CudaKernelArguments, UnpackManyRefusesABadJobByIndexBeforeWritingAnything) {
+  const WireSpec spec{WireFormat::kFP8};
+  const WeightGeometry g = weight_geometry(spec.format, 40, 64, 2);
+  const ChunkLayout l = chunk_layout(spec, g.shard_rows, g.cols);
+  AlignedBytes chunks(l.chunk_bytes * g.group_size, 0);  // all-zero codes and decode scales
+  const int64_t out_bytes = g.rows * g.cols * 2;
+  std::vector<AlignedBytes> outs;
+  std::vector<UnpackJob> jobs;
+  for (int i = 0; i < 8; ++i) outs.emplace_back(out_bytes, 0xA5);
+  for (int i = 0; i < 8; ++i)
+    jobs.push_back(UnpackJob{{chunks.data(), l.chunk_bytes * g.group_size, g}, outs[i].data(),
+                             i == 5 ? out_bytes - 2 : out_bytes});
+  const std::vector<uint8_t> poison(out_bytes, 0xA5);
+  for (bool cuda : {true, false}) {
+    try {
+      if (cuda) unpack_many_cuda(spec, jobs.data(), 8, nullptr);
+      else unpack_many_reference(spec, jobs.data(), 8);
+      ADD_FAILURE() << "a short output capacity in job 5 was accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("unpack job 5 of 8"), std::string::npos) << what;
+      EXPECT_NE(what.find("out capacity=" + std::to_string(out_bytes - 2)), std::string::npos) << what;
+    }
+    for (int i = 0; i < 8; ++i)
+      EXPECT_EQ(std::memcmp(outs[i].data(), poison.data(), out_bytes), 0)
+          << "job " << i << " written " << (cuda ? "by unpack_many_cuda" : "by unpack_many_reference");
+  }
+  // The same jobs, all valid, are unpacked by the reference: the refusal above was job 5's alone.
+  jobs[5].out_capacity = out_bytes;
+  unpack_many_reference(spec, jobs.data(), 8);
+  for (int i = 0; i < 8; ++i) EXPECT_NE(std::memcmp(outs[i].data(), poison.data(), out_bytes), 0);
+}
+
+TEST(CudaKernelArguments, UnpackManyRefusesANullJobArrayAndANegativeCount) {
+  const WireSpec spec{WireFormat::kMXFP8};
+  for (bool cuda : {true, false}) {
+    try {
+      if (cuda) unpack_many_cuda(spec, nullptr, 3, nullptr);
+      else unpack_many_reference(spec, nullptr, 3);
+      ADD_FAILURE() << "a null job array was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("jobs is null with n=3"), std::string::npos) << e.what();
+    }
+    UnpackJob job;  // empty: no geometry, null pointers
+    try {
+      if (cuda) unpack_many_cuda(spec, &job, -1, nullptr);
+      else unpack_many_reference(spec, &job, -1);
+      ADD_FAILURE() << "a negative job count was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("n=-1"), std::string::npos) << e.what();
+    }
+    try {
+      if (cuda) unpack_many_cuda(spec, &job, 1, nullptr);
+      else unpack_many_reference(spec, &job, 1);
+      ADD_FAILURE() << "an empty job was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("unpack job 0 of 1: "), std::string::npos) << e.what();
+    }
+    // Nothing to do is not an error, and touches no CUDA.
+    if (cuda) unpack_many_cuda(spec, nullptr, 0, nullptr);
+    else unpack_many_reference(spec, nullptr, 0);
+  }
 }
 
 }  // namespace

@@ -222,6 +222,12 @@ void unpack_reference(const WireSpec& spec, const GatheredChunks& in, void* out_
   }
 }
 
+void unpack_many_reference(const WireSpec& spec, const UnpackJob* jobs, int64_t n) {
+  validate_unpack_many(spec, jobs, n);  // every job first: a bad one leaves all outputs untouched
+  for (int64_t i = 0; i < n; ++i)
+    unpack_reference(spec, jobs[i].in, jobs[i].out_bf16, jobs[i].out_capacity);
+}
+
 void unpack_gemm_reference(const WireSpec& spec, const GatheredChunks& in,
                            const GemmOutputs& out) {
   const ChunkLayout l = validate_unpack_gemm(spec, in, out);

@@ -19,6 +19,10 @@ void pack_reference(const WireSpec& spec, const PackArgs& args);
 void unpack_reference(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                       int64_t out_capacity);
 
+// unpack_reference of each job, in order, after all n jobs passed validate_unpack_many (a bad job
+// is refused, naming its index, before any output is written).
+void unpack_many_reference(const WireSpec& spec, const UnpackJob* jobs, int64_t n);
+
 // Gathered chunks -> GEMM-ready codes and scales for the whole weight (see GemmLayoutSizes).
 void unpack_gemm_reference(const WireSpec& spec, const GatheredChunks& in, const GemmOutputs& out);
 

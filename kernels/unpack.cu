@@ -3,6 +3,8 @@
 // moves the block scales into whole-weight arrays in the same pass.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "kernels/cuda_kernels.h"
 #include "kernels/internal/device_io.cuh"
 
@@ -77,11 +79,14 @@ __device__ __forceinline__ void nvfp4_decode16_bf16(uint2 codes, float block_sca
 // instruction covered half of every sector it touched, and the partial writes cost up to twice
 // the L2 write traffic (ncu, v7 in perf-notes). NVFP4 groups are 16 elements, one block, decoded
 // through the block's table (nvfp4_decode16_bf16); 8-element groups measured slower there.
-// Format is a template parameter so each kernel carries only its own decode.
+// Format is a template parameter so each kernel carries only its own decode. The rows are walked by
+// blocks `block` of `blocks`: the whole grid of unpack_bf16_kernel, or one job's share of an
+// unpack_many_bf16_kernel launch, so both run this same code.
 template <WireFormat kFormat>
-__global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
+__device__ __forceinline__ void unpack_bf16_rows(const Chunks& in, uint16_t* out, const RowGrid& grid,
+                                                 bool blocks_2d, int64_t block, int64_t blocks) {
   constexpr int kUnroll = 4;
-  for_each_row(grid, [&](int64_t r, int lane, int team) {
+  for_each_row(grid, block, blocks, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
     uint4* out_row = reinterpret_cast<uint4*>(out + r * in.cols);
@@ -124,6 +129,46 @@ __global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool 
       }
     }
   });
+}
+
+template <WireFormat kFormat>
+__global__ void unpack_bf16_kernel(Chunks in, uint16_t* out, RowGrid grid, bool blocks_2d) {
+  unpack_bf16_rows<kFormat>(in, out, grid, blocks_2d, blockIdx.x, gridDim.x);
+}
+
+// Up to kUnpackJobsPerLaunch weights in one launch. Each job gets the blocks unpack_cuda would
+// launch for it alone (blocks_for of its grid), so its rows are split among its threads exactly as
+// there; a block finds its job by binary search over the per-job first blocks (prefix sums).
+// The descriptors are kernel parameters (__grid_constant__: read in place from the parameter
+// space, not copied to local memory for the dynamic index): no device allocation, no memcpy.
+struct UnpackManyJob {
+  Chunks in;
+  uint16_t* out;
+  RowGrid grid;
+};
+
+struct UnpackManyParams {
+  int32_t jobs;
+  bool blocks_2d;
+  uint32_t first_block[kUnpackJobsPerLaunch + 1];  // job j owns [first_block[j], first_block[j + 1])
+  UnpackManyJob job[kUnpackJobsPerLaunch];
+};
+// The classic kernel-parameter limit (larger needs CUDA 12.1+ drivers and costs launch time).
+static_assert(sizeof(UnpackManyParams) <= 4096, "lower kUnpackJobsPerLaunch: the jobs exceed 4 KiB");
+static_assert(sizeof(UnpackManyParams) + sizeof(UnpackManyJob) + 4 > 4096,
+              "raise kUnpackJobsPerLaunch: another job fits the 4 KiB of kernel parameters");
+
+template <WireFormat kFormat>
+__global__ void unpack_many_bf16_kernel(const __grid_constant__ UnpackManyParams p) {
+  int lo = 0, hi = p.jobs - 1;  // the last job whose first block is <= blockIdx.x
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.first_block[mid] <= blockIdx.x) lo = mid; else hi = mid - 1;
+  }
+  const UnpackManyJob& job = p.job[lo];
+  const uint32_t first = p.first_block[lo];
+  unpack_bf16_rows<kFormat>(job.in, job.out, job.grid, p.blocks_2d, blockIdx.x - first,
+                            p.first_block[lo + 1] - first);
 }
 
 __global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* decode_scales) {
@@ -315,14 +360,62 @@ Chunks chunks_of(const GatheredChunks& in, const ChunkLayout& l) {
                 l.scales_offset, l.scalars_offset};
 }
 
+// The BF16-layout unpack's grid of a weight: items are the kernels' groups, 16 elements for NVFP4,
+// 8 otherwise (see unpack_bf16_rows).
+RowGrid bf16_grid(const WireSpec& spec, int64_t rows, const ChunkLayout& l) {
+  return row_grid(rows, l.cols / (spec.format == WireFormat::kNVFP4 ? 16 : 8), 4);
+}
+
+// One launch of unpack_many_bf16_kernel over jobs [begin, end) (already validated).
+void launch_unpack_many(const WireSpec& spec, const UnpackJob* jobs, int64_t begin, int64_t end,
+                        cudaStream_t stream) {
+  UnpackManyParams p;
+  p.jobs = static_cast<int32_t>(end - begin);
+  p.blocks_2d = spec.nvfp4_blocks == Nvfp4Blocks::k2D;
+  uint32_t blocks = 0;
+  for (int64_t j = 0; j < end - begin; ++j) {
+    const UnpackJob& job = jobs[begin + j];
+    const ChunkLayout l = chunk_layout(spec, job.in.geometry.shard_rows, job.in.geometry.cols);
+    p.job[j] = UnpackManyJob{chunks_of(job.in, l), static_cast<uint16_t*>(job.out_bf16),
+                             bf16_grid(spec, job.in.geometry.rows, l)};
+    p.first_block[j] = blocks;
+    blocks += blocks_for(p.job[j].grid);  // at most 16 x SMs a job: the sum stays far below 2^31
+  }
+  p.first_block[end - begin] = blocks;
+  switch (spec.format) {
+    case WireFormat::kBF16:
+      return;  // not reached: copied per job by unpack_many_cuda
+    case WireFormat::kFP8:
+      unpack_many_bf16_kernel<WireFormat::kFP8><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case WireFormat::kMXFP8:
+      unpack_many_bf16_kernel<WireFormat::kMXFP8><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+    case WireFormat::kNVFP4:
+      unpack_many_bf16_kernel<WireFormat::kNVFP4><<<blocks, kThreads, 0, stream>>>(p);
+      break;
+  }
+  check_launch("unpack_many_bf16_kernel");
+}
+
 }  // namespace
+
+void unpack_many_cuda(const WireSpec& spec, const UnpackJob* jobs, int64_t n, cudaStream_t stream) {
+  validate_unpack_many(spec, jobs, n);
+  if (spec.format == WireFormat::kBF16) {  // no decode: one device copy each, as unpack_cuda
+    for (int64_t j = 0; j < n; ++j)
+      unpack_cuda(spec, jobs[j].in, jobs[j].out_bf16, jobs[j].out_capacity, stream);
+    return;
+  }
+  for (int64_t begin = 0; begin < n; begin += kUnpackJobsPerLaunch)
+    launch_unpack_many(spec, jobs, begin, std::min(n, begin + kUnpackJobsPerLaunch), stream);
+}
 
 void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
                  int64_t out_capacity, cudaStream_t stream) {
   const ChunkLayout l = validate_unpack(spec, in, out_bf16, out_capacity);
   const int64_t rows = in.geometry.rows;
-  // Items are the kernels' groups: 16 elements for NVFP4, 8 otherwise (see unpack_bf16_kernel).
-  const RowGrid grid = row_grid(rows, l.cols / (spec.format == WireFormat::kNVFP4 ? 16 : 8), 4);
+  const RowGrid grid = bf16_grid(spec, rows, l);
   auto* out = static_cast<uint16_t*>(out_bf16);
   const Chunks c = chunks_of(in, l);
   switch (spec.format) {

@@ -65,15 +65,22 @@ inline unsigned blocks_for(const RowGrid& g) {
   return grid_for((g.rows + rows_per_block - 1) / rows_per_block * kThreads);
 }
 
-// Calls row_fn(row, lane, team) for every row this thread's team owns; the callee walks
-// items lane, lane + team, ... of the row.
+// Calls row_fn(row, lane, team) for every row this thread's team owns, the grid being blocks
+// `block` of `blocks` (a kernel's whole grid, or the share of one job of a multi-job launch); the
+// callee walks items lane, lane + team, ... of the row.
 template <typename RowFn>
-__device__ __forceinline__ void for_each_row(const RowGrid& g, RowFn&& row_fn) {
+__device__ __forceinline__ void for_each_row(const RowGrid& g, int64_t block, int64_t blocks,
+                                             RowFn&& row_fn) {
   const int team = 1 << g.team_shift;
-  const int64_t first = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) >> g.team_shift;
-  const int64_t teams = (static_cast<int64_t>(gridDim.x) * blockDim.x) >> g.team_shift;
+  const int64_t first = (block * blockDim.x + threadIdx.x) >> g.team_shift;
+  const int64_t teams = (blocks * blockDim.x) >> g.team_shift;
   const int lane = threadIdx.x & (team - 1);
   for (int64_t row = first; row < g.rows; row += teams) row_fn(row, lane, team);
+}
+
+template <typename RowFn>
+__device__ __forceinline__ void for_each_row(const RowGrid& g, RowFn&& row_fn) {
+  for_each_row(g, blockIdx.x, gridDim.x, static_cast<RowFn&&>(row_fn));
 }
 
 // The shard as the kernels read it: rows at or past valid_rows read as zero.

@@ -21,6 +21,10 @@ void Backend::deallocate(void* ptr, std::int64_t bytes) {
   memory_.bytes_in_use -= bytes;
 }
 
+void Backend::unpack_many(Stream stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) {
+  for (const kernels::UnpackJob& job : jobs) unpack(stream, spec, job.in, job.out_bf16, job.out_capacity);
+}
+
 const char* to_string(Role role) {
   return role == Role::kGather ? "gather" : "reduce_scatter";
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "kernels/arguments.h"
 
@@ -65,6 +66,9 @@ class Backend {
   virtual void pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) = 0;
   virtual void unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                       void* out_bf16, std::int64_t out_capacity) = 0;
+  // Several weights of one wire spec to the BF16 layout: what unpack does for each job. The default
+  // calls unpack per job; the CUDA backend decodes up to kernels::kUnpackJobsPerLaunch jobs per launch.
+  virtual void unpack_many(Stream stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs);
   // The GEMM-ready layout (kernels::unpack_gemm_*): FP8, MXFP8, NVFP4 only.
   virtual void unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                            const kernels::GemmOutputs& out) = 0;

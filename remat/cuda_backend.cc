@@ -149,6 +149,13 @@ void CudaBackend::unpack(Stream stream, const kernels::WireSpec& spec, const ker
   launch("unpack_cuda", [&] { kernels::unpack_cuda(spec, in, out_bf16, out_capacity, on(stream)); });
 }
 
+void CudaBackend::unpack_many(Stream stream, const kernels::WireSpec& spec,
+                              const std::vector<kernels::UnpackJob>& jobs) {
+  launch("unpack_many_cuda", [&] {
+    kernels::unpack_many_cuda(spec, jobs.data(), static_cast<std::int64_t>(jobs.size()), on(stream));
+  });
+}
+
 void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                               const kernels::GemmOutputs& out) {
   launch("unpack_gemm_cuda", [&] { kernels::unpack_gemm_cuda(spec, in, out, on(stream)); });

@@ -70,6 +70,8 @@ class CudaBackend : public Backend {
   void pack(Stream stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
   void unpack(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
               std::int64_t out_capacity) override;
+  // One kernels::unpack_many_cuda: one launch per kernels::kUnpackJobsPerLaunch jobs.
+  void unpack_many(Stream stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) override;
   void unpack_gemm(Stream stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                    const kernels::GemmOutputs& out) override;
   void all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;

@@ -47,6 +47,10 @@ void HostBackend::unpack(Stream, const kernels::WireSpec& spec, const kernels::G
   kernels::unpack_reference(spec, in, out_bf16, out_capacity);
 }
 
+void HostBackend::unpack_many(Stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) {
+  kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size()));
+}
+
 void HostBackend::unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                               const kernels::GemmOutputs& out) {
   kernels::unpack_gemm_reference(spec, in, out);

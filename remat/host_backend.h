@@ -28,6 +28,8 @@ class HostBackend : public Backend {
   void pack(Stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) override;
   void unpack(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
               std::int64_t out_capacity) override;
+  // Every job validated before any is written (kernels::unpack_many_reference).
+  void unpack_many(Stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) override;
   void unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                    const kernels::GemmOutputs& out) override;
   void all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;

@@ -21,13 +21,13 @@ using testing::LoggingBackend;
 struct Model {
   explicit Model(LoggingBackend& backend) : runtime(backend, RuntimeConfig{}) {}
 
-  WeightId add(const std::string& name, int group) {
+  WeightId add(const std::string& name, int group, kernels::WireSpec wire = {kernels::WireFormat::kFP8}) {
     WeightDesc desc;
     desc.name = name;
     desc.shard = shard.data();
     desc.rows = 32;
     desc.cols = 32;
-    desc.wire.format = kernels::WireFormat::kFP8;  // amax + all_reduce_max + pack on re-pack
+    desc.wire = wire;  // FP8 by default: amax + all_reduce_max + pack on re-pack
     desc.group = group;
     desc.main_grad = main_grads.emplace_back(32 * 32).data();
     return runtime.register_weight(desc);
@@ -152,6 +152,51 @@ TEST(Ordering, EachGroupHasItsOwnStreamsAndAKeySpanningGroupsJoinsTheirGatherStr
   for (const char* line : {"add on rs1", "s1 waits ag0", "s1 waits rs0", "s1 waits ag1", "s1 waits rs1"}) {
     EXPECT_GE(backend.find(line, mark), 0) << line;
   }
+}
+
+// An MoE expert group is one key: its gathers go out as one batch, then one unpack_many per wire spec
+// (one kernel launch on CUDA) instead of one unpack per weight; BF16 gathers in place (no unpack), and
+// the GEMM layout stays one unpack_gemm per weight.
+TEST(Ordering, AKeyUnpacksEachWireSpecOfItsWeightsInOneCallAfterItsGathers) {
+  LoggingBackend backend;
+  Model model(backend);
+  const kernels::WireSpec fp8{kernels::WireFormat::kFP8};
+  const kernels::WireSpec rceil{kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kRceil};
+  const kernels::WireSpec floor{kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kFloor};
+  std::vector<WeightId> experts;
+  for (int e = 0; e < 8; ++e) experts.push_back(model.add("expert" + std::to_string(e), 0));
+  const WeightId mixed[] = {model.add("fp8_a", 0, fp8),   model.add("rceil_a", 0, rceil),
+                            model.add("fp8_b", 0, fp8),   model.add("bf16", 0, {kernels::WireFormat::kBF16}),
+                            model.add("floor", 0, floor), model.add("rceil_b", 0, rceil),
+                            model.add("fp8_c", 0, fp8)};
+  const Stream s = consumer_stream(1);
+  model.runtime.shard_updated(experts.data(), 8, s);
+  model.runtime.shard_updated(mixed, 7, s);
+  const auto fill_lines = [&](const WeightId* ids, std::int64_t n, Layout layout) {
+    const int mark = static_cast<int>(backend.log.size());
+    model.runtime.materialize(ids, n, Phase::kForward, 0, layout, s);
+    model.runtime.release(ids, n, s, layout);
+    std::vector<std::string> work;  // the fill's gathers and unpacks, in order
+    for (const std::string& line : since(backend, mark)) {
+      if (line.rfind("all_gather", 0) == 0 || line.rfind("unpack", 0) == 0) work.push_back(line);
+    }
+    return work;
+  };
+  std::vector<std::string> expected(8, "all_gather on ag0");
+  expected.push_back("unpack_many x8 fp8 on ag0");
+  EXPECT_EQ(fill_lines(experts.data(), 8, Layout::kBF16), expected);
+
+  expected.assign(7, "all_gather on ag0");
+  for (const char* line : {"unpack_many x3 fp8 on ag0", "unpack_many x2 mxfp8 (rceil) on ag0",
+                           "unpack_many x1 mxfp8 (floor) on ag0"}) {
+    expected.push_back(line);
+  }
+  EXPECT_EQ(fill_lines(mixed, 7, Layout::kBF16), expected) << "one call per wire spec, in first-named order";
+
+  // The GEMM layout: one unpack_gemm per quantized weight, the BF16 weight still in place.
+  expected.assign(7, "all_gather on ag0");
+  expected.insert(expected.end(), 6, "unpack_gemm on ag0");
+  EXPECT_EQ(fill_lines(mixed, 7, Layout::kGemm), expected);
 }
 
 }  // namespace

@@ -116,6 +116,10 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
     }
     batch.launch();
   }
+  // The GEMM layout is unpacked per weight; the BF16 layout in one unpack_many per wire spec (one
+  // kernel launch for up to kernels::kUnpackJobsPerLaunch weights on CUDA: an MoE expert group is one
+  // key of many same-wire weights), the specs in the order the key first names them.
+  unpacks_scratch_.clear();
   char* next = static_cast<char*>(slot.ptr);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
@@ -127,8 +131,21 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
     if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
       backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
     } else {
-      backend_.unpack(stream, w.desc.wire, chunks, region, w.output_bytes);
+      unpacks_scratch_.emplace_back(w.desc.wire, kernels::UnpackJob{chunks, region, w.output_bytes});
     }
+  }
+  unpack_specs_scratch_.clear();
+  for (const auto& unpack : unpacks_scratch_) {
+    const kernels::WireSpec& spec = unpack.first;
+    if (std::find(unpack_specs_scratch_.begin(), unpack_specs_scratch_.end(), spec) != unpack_specs_scratch_.end()) {
+      continue;  // unpacked with the first weight of its spec
+    }
+    unpack_specs_scratch_.push_back(spec);
+    unpack_jobs_scratch_.clear();
+    for (const auto& [other, job] : unpacks_scratch_) {
+      if (other == spec) unpack_jobs_scratch_.push_back(job);
+    }
+    backend_.unpack_many(stream, spec, unpack_jobs_scratch_);
   }
   slot.key = key;
   slot.versions = versions(key);

@@ -161,6 +161,11 @@ class Runtime {
   std::vector<std::int64_t> boundary_;  // boundary() after the latest drain
   bool head_deferred_ = false;          // drain(.., kAfterShardUpdate): shard_updated prefetches the head
   std::vector<Stream> joined_scratch_;  // fill()'s gather streams joined so far
+  // fill()'s BF16-layout unpacks with their wire specs, the distinct specs, and one spec's jobs:
+  // reused, so a steady-state fill allocates nothing.
+  std::vector<std::pair<kernels::WireSpec, kernels::UnpackJob>> unpacks_scratch_;
+  std::vector<kernels::WireSpec> unpack_specs_scratch_;
+  std::vector<kernels::UnpackJob> unpack_jobs_scratch_;
 };
 
 }  // namespace gtp::remat

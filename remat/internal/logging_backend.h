@@ -34,6 +34,11 @@ class LoggingBackend : public Backend {
   void unpack(Stream s, const kernels::WireSpec&, const kernels::GatheredChunks&, void*, std::int64_t) override {
     work("unpack", s);
   }
+  // Logged as "unpack_many x<jobs> <spec> on <stream>", e.g. "unpack_many x3 mxfp8 (rceil) on ag0".
+  void unpack_many(Stream s, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) override {
+    log.push_back("unpack_many x" + std::to_string(jobs.size()) + " " + kernels::to_string(spec) + " on " +
+                  stream_name(s));
+  }
   void unpack_gemm(Stream s, const kernels::WireSpec&, const kernels::GatheredChunks&,
                    const kernels::GemmOutputs&) override {
     work("unpack_gemm", s);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "bench/remat/overhead_model.h"
@@ -179,6 +180,22 @@ void BM_Call(benchmark::State& state) {
       time_calls(state, f, [&] { kernels::unpack_cuda(spec, chunks, f.dst, kRows * kCols * 2, f.stream); });
       break;
     }
+    case 7:
+    case 8: {  // what a fill of a key of 8 / 64 FP8 weights enqueues for its unpacks; time per weight
+      const int jobs_per_call = state.range(0) == 7 ? 8 : 64;
+      state.SetLabel("unpack_many_cuda FP8 -> BF16, " + std::to_string(jobs_per_call) + " weights, per weight");
+      const kernels::WireSpec spec{kernels::WireFormat::kFP8};
+      const auto geometry = kernels::weight_geometry(spec.format, kRows, kCols, 1);
+      const auto layout = kernels::chunk_layout(spec, geometry.shard_rows, kCols);
+      std::vector<kernels::UnpackJob> jobs;
+      for (int j = 0; j < jobs_per_call; ++j) {  // one source chunk, 64 distinct outputs in the 64 KiB dst
+        jobs.push_back({{f.src, layout.chunk_bytes, geometry}, static_cast<char*>(f.dst) + j * kRows * kCols * 2,
+                        kRows * kCols * 2});
+      }
+      time_calls(state, f, [&] { kernels::unpack_many_cuda(spec, jobs.data(), jobs_per_call, f.stream); });
+      state.SetItemsProcessed(state.iterations() * jobs_per_call);
+      break;
+    }
   }
 }
 
@@ -194,7 +211,7 @@ int main(int argc, char** argv) {
   auto* b = benchmark::RegisterBenchmark("BM_CudaMaterializeRelease", gtp::bench::remat::BM_CudaMaterializeRelease);
   gtp::bench::remat::overhead_args(b);
   b->ArgNames({"weights", "depth"});
-  benchmark::RegisterBenchmark("BM_Call", gtp::bench::remat::BM_Call)->DenseRange(0, 6)->ArgName("call");
+  benchmark::RegisterBenchmark("BM_Call", gtp::bench::remat::BM_Call)->DenseRange(0, 8)->ArgName("call");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -369,7 +369,7 @@ RowGrid bf16_grid(const WireSpec& spec, int64_t rows, const ChunkLayout& l) {
 // One launch of unpack_many_bf16_kernel over jobs [begin, end) (already validated).
 void launch_unpack_many(const WireSpec& spec, const UnpackJob* jobs, int64_t begin, int64_t end,
                         cudaStream_t stream) {
-  UnpackManyParams p;
+  UnpackManyParams p{};  // zeroed: the unused descriptors too
   p.jobs = static_cast<int32_t>(end - begin);
   p.blocks_2d = spec.nvfp4_blocks == Nvfp4Blocks::k2D;
   uint32_t blocks = 0;

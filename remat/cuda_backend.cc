@@ -39,9 +39,14 @@ void run_graph_callback(void* data) { (*static_cast<std::function<void()>*>(data
 
 // Every check but the size / rank match compares pointers only, so bad arguments are refused before
 // any CUDA or NCCL call (StreamPool's constructor already queries the device).
-std::vector<CudaGroup> validated(std::vector<CudaGroup> groups) {
+std::vector<CudaGroup> validated(std::vector<CudaGroup> groups, std::size_t priority_sets) {
   if (groups.empty()) {
     throw std::invalid_argument("CudaBackend: no groups; pass one CudaGroup (gather and reduce-scatter NcclComm) per group");
+  }
+  if (priority_sets != 0 && priority_sets != groups.size()) {
+    throw std::invalid_argument("CudaBackend: " + std::to_string(priority_sets) + " stream priority sets for " +
+                                std::to_string(groups.size()) + " groups; pass one per group, or none for the "
+                                "device's greatest priority everywhere");
   }
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const std::string group = "CudaBackend: group " + std::to_string(g) + "'s ";
@@ -80,12 +85,13 @@ std::vector<CudaGroup> validated(std::vector<CudaGroup> groups) {
 }  // namespace
 
 CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
-                         CudaStreamPriorities priorities)
+                         std::vector<CudaStreamPriorities> priorities)
     : device_(device),
-      groups_(validated(std::move(groups))),
+      groups_(validated(std::move(groups), priorities.size())),
       timeout_(timeout),
       streams_(device),
       events_(device) {
+  priorities.resize(groups_.size());  // none given: the device's greatest priority everywhere
   for (const CudaGroup& g : groups_) shapes_.push_back({g.gather->size(), g.gather->rank()});
   check(cudaSetDevice(device_), "cudaSetDevice");
   // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
@@ -93,8 +99,8 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
   // having its own communicator) in NCCL's.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::string name = "remat" + std::to_string(g);
-    side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities.gather));
-    side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities.reduce_scatter));
+    side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities[g].gather));
+    side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities[g].reduce_scatter));
   }
 }
 

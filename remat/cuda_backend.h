@@ -52,8 +52,10 @@ class CudaBackend : public Backend {
   // gather communicator (of any group), or one whose size or rank differs from its gather
   // communicator's; all but the last are checked before any CUDA or NCCL call. Throws CudaError when
   // CUDA fails (here and in every call).
+  // priorities[g] sets group g's side-stream priorities; empty: every group's side streams at the
+  // device's greatest priority; any other count is std::invalid_argument (before any CUDA call).
   CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
-              CudaStreamPriorities priorities = {});
+              std::vector<CudaStreamPriorities> priorities = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;

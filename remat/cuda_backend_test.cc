@@ -36,9 +36,9 @@ struct SizeOneGroup {
 };
 
 // The constructor's message for `groups`, which must be refused with std::invalid_argument.
-std::string refusal(std::vector<CudaGroup> groups) {
+std::string refusal(std::vector<CudaGroup> groups, std::vector<CudaStreamPriorities> priorities = {}) {
   try {
-    CudaBackend backend(0, std::move(groups), milliseconds(1000));
+    CudaBackend backend(0, std::move(groups), milliseconds(1000), std::move(priorities));
   } catch (const std::invalid_argument& e) {
     return e.what();
   }
@@ -70,6 +70,8 @@ TEST(CudaBackend, BadCommunicatorListsAreRefusedBeforeAnyCudaCall) {
             std::string::npos);  // another NcclComm over the same ncclComm_t
   EXPECT_NE(refusal({{&a, &b}, {&c, &a}}).find("group 1's reduce-scatter communicator is the gather communicator of group 0"),
             std::string::npos);
+  const std::string priorities = refusal({{&a, &b}}, {CudaStreamPriorities{}, CudaStreamPriorities{}});
+  EXPECT_NE(priorities.find("2 stream priority sets for 1 groups; pass one per group"), std::string::npos) << priorities;
 }
 
 // Each role's collectives go through its own communicator: with one of the two aborted, that role's
@@ -484,7 +486,7 @@ TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
   const comm::StreamPriorityRange range = comm::stream_priority_range(0);
   CudaStreamPriorities priorities;
   priorities.reduce_scatter = range.least;
-  CudaBackend backend(0, group.groups(), milliseconds(30000), priorities);
+  CudaBackend backend(0, group.groups(), milliseconds(30000), {priorities});
   int priority = 0;
   ASSERT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(backend.side_stream(0, Role::kReduceScatter)), &priority),
             cudaSuccess);
@@ -493,7 +495,32 @@ TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
             cudaSuccess);
   EXPECT_EQ(priority, range.greatest);
   priorities.gather = range.least + 1;
-  EXPECT_THROW(CudaBackend(0, group.groups(), milliseconds(30000), priorities), std::invalid_argument);
+  EXPECT_THROW(CudaBackend(0, group.groups(), milliseconds(30000), {priorities}), std::invalid_argument);
+}
+
+TEST(CudaBackend, EachGroupsSideStreamsTakeThatGroupsPriorities) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  const comm::StreamPriorityRange range = comm::stream_priority_range(0);
+  // Two groups over the same communicators (as the C ABI builds them when the expert grid group
+  // equals the dense one), each with its own priorities.
+  std::vector<CudaGroup> groups = {group.groups()[0], group.groups()[0]};
+  CudaStreamPriorities dense, expert;
+  dense.gather = range.greatest;
+  dense.reduce_scatter = range.least;
+  expert.gather = range.least;
+  expert.reduce_scatter = range.greatest;
+  CudaBackend backend(0, groups, milliseconds(30000), {dense, expert});
+  const auto priority_of = [&](int g, Role role) {
+    int priority = 0;
+    EXPECT_EQ(cudaStreamGetPriority(static_cast<cudaStream_t>(backend.side_stream(g, role)), &priority), cudaSuccess);
+    return priority;
+  };
+  EXPECT_EQ(priority_of(0, Role::kGather), range.greatest);
+  EXPECT_EQ(priority_of(0, Role::kReduceScatter), range.least);
+  EXPECT_EQ(priority_of(1, Role::kGather), range.least);
+  EXPECT_EQ(priority_of(1, Role::kReduceScatter), range.greatest);
 }
 
 }  // namespace

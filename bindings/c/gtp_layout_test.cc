@@ -70,7 +70,6 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
     ASSERT_NE(ctx, nullptr);
     for (const Wire& wire : wires) {
       const auto geometry = gtp::kernels::weight_geometry(wire.spec.format, rows, cols, kWorld);
-      const auto layout = gtp::kernels::chunk_layout(wire.spec, geometry.shard_rows, cols);
       std::vector<std::vector<float>> shards(kExperts, std::vector<float>(geometry.shard_rows * cols));
       gtp_weight_t experts[kExperts];
       for (int e = 0; e < kExperts; ++e) {

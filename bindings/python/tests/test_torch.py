@@ -92,14 +92,36 @@ def test_tcpstore_bootstrap_and_protocol_on_one_rank():
         assert full.dtype == torch.bfloat16 and tuple(full.shape) == (OUT, IN)
         assert torch.equal(full, w.detach().to(torch.bfloat16))
         w.release_group()
-        buffer = w.grad_buffer()
-        assert buffer.dtype == torch.float32 and tuple(buffer.shape) == (OUT, IN) and bool((buffer == 0).all())
+        buffer = w.grad_buffer()  # TE's wgrad GEMM overwrites it: no zero-fill, contents undefined
+        assert buffer.dtype == torch.float32 and tuple(buffer.shape) == (OUT, IN)
+        assert w.grad_buffer() is buffer, "repeated calls before finalize hand out the same tensor"
         buffer.fill_(2.0)
         assert w.finalize_group_grads() is None  # asynchronous, as TE allows
         ctx.drain()
         assert bool((w.grad == 2.0).all()) and w.grad_added_to_main_grad
         with pytest.raises(gtp.InvalidStateError, match="not materialized"):
             w.release_group()
+
+
+def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulate(tmp_path):
+    """TE writes its wgrad into grad_buffer() (accumulate=False). With accumulate_microbatches the
+    weight's libgtp buffer is held across microbatches, so the second microbatch must get a scratch
+    tensor whose wgrad is added, not written over the first."""
+    for accumulate in (False, True):
+        store = torch.distributed.FileStore(str(tmp_path / f"store{int(accumulate)}"), 1)
+        with gt.Context(store, 0, 1, accumulate_microbatches=accumulate, auto_drain=False) as ctx:
+            w = gt.Linear(IN, OUT, context=ctx, bias=False).weight
+            targets = []
+            for microbatch, value in enumerate((2.0, 3.0)):
+                target = w.grad_buffer()
+                target.fill_(value)  # TE's GEMM with accumulate=False: whatever was there is gone
+                targets.append(target.data_ptr())
+                w.finalize_group_grads(last_microbatch=microbatch == 1)
+            ctx.drain()
+            assert bool((w.grad == 5.0).all()), (accumulate, w.grad)
+            assert ctx.stats()["grads"]["reduce_scatters"] == (1 if accumulate else 2)
+            if accumulate:
+                assert targets[0] != targets[1], "the held buffer was handed out to be overwritten"
 
 
 def test_tiny_gpt_gtp_on_bf16_is_bit_identical_to_gtp_off():

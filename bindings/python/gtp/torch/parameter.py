@@ -36,6 +36,7 @@ class ShardedParameter(torch.nn.Parameter):
         param.main_grad = torch.zeros_like(shard, dtype=torch.float32)
         param.grad_added_to_main_grad = False
         param._grad_ready_hooks = []
+        param._wgrad_target = None  # what grad_buffer() handed out since the last finalize
         param.gtp_weight = context.register(
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
             wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None,
@@ -82,10 +83,16 @@ class ShardedParameter(torch.nn.Parameter):
         self.context.release([self.gtp_weight], stream=self.context.stream(), layout=layout)
 
     def grad_buffer(self):
-        """FP32 rows x cols buffer the wgrad is ADDED into (zeroed by libgtp), until finalize."""
-        context = self.context
-        address = context.grad_buffer(self.gtp_weight, stream=context.stream())
-        return tensor_at(address, self.full_shape, torch.float32, context.device)
+        """FP32 rows x cols tensor the wgrad GEMM WRITES (TE: accumulate=False, out=grad_buffer()); its
+        contents are undefined. Normally libgtp's grad buffer itself, handed out without the zero-fill
+        TE's overwrite would make useless. When this weight's buffer is already held (an earlier
+        microbatch under accumulate_microbatches), overwriting it would lose that microbatch: a scratch
+        tensor is handed out instead and finalize_group_grads adds it into the buffer. Repeated calls
+        before finalize return the same tensor."""
+        if self._wgrad_target is None:
+            buffer, overwrite = self.wgrad_buffer()
+            self._wgrad_target = buffer if overwrite else torch.empty_like(buffer)
+        return self._wgrad_target
 
     def wgrad_buffer(self):
         """(buffer, overwrite): the grad buffer without libgtp's zero-fill. overwrite True: the buffer holds
@@ -95,20 +102,32 @@ class ShardedParameter(torch.nn.Parameter):
         buffer = context.grad_buffer_ex(self.gtp_weight, uninitialized=True, stream=context.stream())
         return tensor_at(buffer.address, self.full_shape, torch.float32, context.device), buffer.overwrite
 
-    def finalize_group_grads(self, wgrads=None):
+    def finalize_group_grads(self, wgrads=None, last_microbatch=True):
         """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into
-        main_grad; asynchronous: returns None. wgrads (one per group member, in order) that are not the
-        member's grad buffer itself are added into it first."""
+        main_grad; asynchronous: returns None. wgrads (one per group member, in order; default: what
+        grad_buffer() handed out) that are not the member's grad buffer itself are written into it (a
+        buffer new this step) or added to it (one held from an earlier microbatch) first.
+        last_microbatch=False (not in TE's protocol): under the context's accumulate_microbatches the
+        buffer is kept for the next microbatch instead of reduced."""
         if wgrads is not None:
             wgrads = list(wgrads) if isinstance(wgrads, (list, tuple)) else [wgrads]
             if len(wgrads) != len(self.group_members):
                 raise ValueError(f"finalize_group_grads got {len(wgrads)} wgrads for a group of "
                                  f"{len(self.group_members)} weights; pass one per member, leader first")
-            for member, wgrad in zip(self.group_members, wgrads):
-                buffer = member.grad_buffer()
-                if wgrad.data_ptr() != buffer.data_ptr():
-                    buffer.add_(wgrad)
-        self.context.finalize([self.gtp_weight], stream=self.context.stream())
+        else:  # what grad_buffer() handed out (None where the caller used wgrad_buffer() directly)
+            wgrads = [member._wgrad_target for member in self.group_members]
+        for member, wgrad in zip(self.group_members, wgrads):
+            member._wgrad_target = None
+            if wgrad is None:
+                continue
+            buffer, overwrite = member.wgrad_buffer()
+            if wgrad.data_ptr() == buffer.data_ptr():
+                continue
+            if overwrite:
+                buffer.copy_(wgrad)
+            else:
+                buffer.add_(wgrad)
+        self.context.finalize([self.gtp_weight], last_microbatch=last_microbatch, stream=self.context.stream())
         self.context.note_finalized(self.group_members)
         for member in self.group_members:
             member.grad_added_to_main_grad = True

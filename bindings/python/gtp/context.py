@@ -201,6 +201,7 @@ class Context:
         config.prefetch_depth = _lib.FROM_PROFILE if prefetch_depth is None else prefetch_depth
         config.memory_budget_bytes = _lib.FROM_PROFILE if memory_budget_bytes is None else memory_budget_bytes
         config.accumulate_microbatches = 1 if accumulate_microbatches else 0
+        self.accumulate_microbatches = bool(accumulate_microbatches)
         config.trace_spans = trace_spans
         # On the host backend always installed (kept alive here): it dispatches to self.grad_ready, which
         # may change later. On CUDA libgtp runs it on the driver's host-function thread, where entering

@@ -124,6 +124,34 @@ def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulat
                 assert targets[0] != targets[1], "the held buffer was handed out to be overwritten"
 
 
+def test_layers_accumulate_microbatches_and_reduce_once_per_step(tmp_path):
+    """accumulate_microbatches + attach_optimizer(microbatches=2): gtp.torch.Linear writes the first
+    microbatch's wgrad, adds the second, and reduce-scatters once per step; .grad arrives at the
+    step's last drain and equals autograd's sum over the microbatches."""
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    with gt.Context(store, 0, 1, accumulate_microbatches=True) as ctx:
+        torch.manual_seed(11)
+        sharded = gt.Linear(IN, OUT, context=ctx, bias=False)
+        torch.manual_seed(11)
+        plain = gt.Linear(IN, OUT, bias=False)
+        ready = []
+        sharded.weight.register_grad_ready_hook(ready.append)
+        ctx.attach_optimizer(torch.optim.SGD(sharded.parameters(), lr=0.0), microbatches=2)
+        for step in range(2):
+            for microbatch in range(2):
+                x = torch.randn(5, IN, generator=torch.Generator().manual_seed(10 * step + microbatch))
+                sharded(x).square().sum().backward()
+                plain(x).square().sum().backward()
+                if microbatch == 0:
+                    assert sharded.weight.grad is None and not ready, "reduced before the step's last microbatch"
+            assert torch.equal(sharded.weight.grad, plain.weight.grad), step
+            assert ready == [sharded.weight]
+            ready.clear()
+            sharded.weight.grad = None
+            plain.weight.grad = None
+        assert ctx.stats()["grads"]["reduce_scatters"] == 2, "one reduce-scatter per weight per step"
+
+
 def test_tiny_gpt_gtp_on_bf16_is_bit_identical_to_gtp_off():
     import train_gpt
     config = train_gpt.default_config(steps=4, wires=["bf16", "nvfp4"], layers=1, backend="host")

@@ -153,10 +153,20 @@ class Context(core.Context):
                 for hook in param._grad_ready_hooks:
                     hook(param)
 
-    def note_finalized(self, params):
-        """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves these grads."""
-        if self.device.type == "cuda":
+    def note_finalized(self, params, reduced=True):
+        """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves the grads of those that
+        were reduced (not kept for the next microbatch)."""
+        if self.device.type == "cuda" and reduced:
             self._finalized.extend(params)
+
+    def last_microbatch(self):
+        """Whether the running backward pass is the last of its optimizer step: always, unless the
+        context accumulates microbatches (accumulate_microbatches=True) and attach_optimizer said how
+        many backward passes a step has; then only every `microbatches`-th. gtp.torch layers finalize
+        with it, so their wgrads add up in the grad buffers and are reduced once per step."""
+        if not self.accumulate_microbatches or self._drains_per_step <= 1:
+            return True
+        return self._drains % self._drains_per_step == self._drains_per_step - 1
 
     def shard_updated(self, weights=None, stream=None):
         """Collective re-pack of the wire chunks after an optimizer step. weights: gtp.Weight or

@@ -128,7 +128,7 @@ class ShardedParameter(torch.nn.Parameter):
             else:
                 buffer.add_(wgrad)
         self.context.finalize([self.gtp_weight], last_microbatch=last_microbatch, stream=self.context.stream())
-        self.context.note_finalized(self.group_members)
+        self.context.note_finalized(self.group_members, reduced=last_microbatch or not self.context.accumulate_microbatches)
         for member in self.group_members:
             member.grad_added_to_main_grad = True
         return None

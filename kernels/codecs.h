@@ -4,6 +4,7 @@
 // no expression here may be contracted into an FMA (there are no multiply-adds to contract).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -111,6 +112,23 @@ GTP_HD uint8_t float_to_e2m1(float x) {
   else if (a <= 5.0f) code = 6;
   else code = 7;
   return sign | code;
+}
+
+// The same rounding as float_to_e2m1, of a = |x| (finite or +Inf), by FP32 arithmetic that the pack
+// kernels run on the FMA pipe. Each E2M1 binade has a fixed step: 0.5 on [0, 2), 1 on [2, 4), 2 on
+// [4, inf). The FP32 fma 2^23 + a / step rounds a to that step with round-to-nearest-even, and with
+// 2^23 plus the binade's first code (0, 2, 4) as the addend the sum's low bits are the code itself,
+// ties on the even code. Of the three candidates the right binade's is the smallest (the others round
+// a finer grid that starts lower but counts faster, or a coarser one that starts at a larger code),
+// so the smallest candidate's bits are kE2M1CandidateBase + the code, which saturates at 7 (6.0)
+// once a reaches 7. codecs_test holds it to float_to_e2m1.
+inline constexpr uint32_t kE2M1CandidateBase = 0x4b000000u;  // the bits of 2^23
+GTP_HD uint32_t e2m1_candidate(float a) {
+  const uint32_t step_half = float_bits(fmaf(a, 2.0f, 8388608.0f));  // 2^23 + 0 + 2a
+  const uint32_t step_one = float_bits(fmaf(a, 1.0f, 8388610.0f));   // 2^23 + 2 + a
+  const uint32_t step_two = float_bits(fmaf(a, 0.5f, 8388612.0f));   // 2^23 + 4 + a/2
+  const uint32_t low = step_half < step_one ? step_half : step_one;
+  return low < step_two ? low : step_two;
 }
 
 GTP_HD float e2m1_to_float(uint8_t code) {

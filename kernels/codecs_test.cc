@@ -91,6 +91,26 @@ TEST(E2M1, MatchesFloat64OracleOnEveryBf16Input) {
   }
 }
 
+// The pack kernels' E2M1 rounding (e2m1_candidate, then saturation at 7) against the spec, over
+// every pattern within 4096 ulps of each tie, binade edge and saturation point, every 251st
+// non-negative finite pattern, and the specials. (An exhaustive run over all 2^31 patterns up to
+// +Inf, 24 s optimized, also found no difference when it was written.)
+TEST(E2M1, FmaCandidatesRoundLikeTheSpec) {
+  auto check = [](uint32_t bits) {
+    const float a = bits_float(bits);
+    const uint32_t code = std::min(e2m1_candidate(a) - kE2M1CandidateBase, 7u);
+    ASSERT_EQ(code, float_to_e2m1(a)) << "a=" << a << " bits=" << bits;
+    // The negative value has the same magnitude code (the kernels take the sign from the input).
+    ASSERT_EQ(code | 0x8u, float_to_e2m1(-a)) << "a=-" << a;
+  };
+  for (float point : {0.25f, 0.5f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f}) {
+    const uint32_t center = float_bits(point);
+    for (uint32_t bits = center - 4096; bits <= center + 4096; ++bits) check(bits);
+  }
+  for (uint32_t bits = 0; bits < 0x7f800000u; bits += 251) check(bits);
+  for (uint32_t bits : {0u, 1u, 0x007fffffu, 0x00800000u, 0x7f7fffffu, 0x7f800000u}) check(bits);
+}
+
 TEST(BF16, RoundsToNearestEvenLikeFloat64) {
   // Every float whose low 16 bits sit at or around the halfway point, across exponents.
   const uint32_t lows[] = {0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff};

@@ -190,22 +190,6 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t word, float* out) {
   }
 }
 
-// E2M1 rounding of a = |x|, x finite or +-Inf (spec: codec::float_to_e2m1), on the FMA pipe but for
-// one integer min. Each E2M1 binade has a fixed step: 0.5 on [0, 2), 1 on [2, 4), 2 on [4, inf). The
-// FP32 sum 2^23 + a / step rounds a to that step with round-to-nearest-even, and choosing 2^23 plus
-// the binade's first code (0, 2, 4) as the addend leaves the code itself in the sum's low bits, with
-// ties on the even code. Of the three candidates the right binade's is the smallest (the others round
-// a coarser or finer grid that starts at a larger code), so the minimum's bits are
-// kE2M1CandidateBase + the code, saturated at 7 (6.0) when a may reach 7. Checked against the spec for
-// every non-negative FP32 bit pattern up to +Inf; the GPU tests compare the kernels bit for bit.
-constexpr uint32_t kE2M1CandidateBase = 0x4b000000u;  // the bits of 2^23
-__device__ __forceinline__ uint32_t e2m1_candidate(float a) {
-  const uint32_t step_half = __float_as_uint(fmaf(a, 2.0f, 8388608.0f));  // 2^23 + 0 + 2a
-  const uint32_t step_one = __float_as_uint(fmaf(a, 1.0f, 8388610.0f));   // 2^23 + 2 + a
-  const uint32_t step_two = __float_as_uint(fmaf(a, 0.5f, 8388612.0f));   // 2^23 + 4 + a/2
-  return min(min(step_half, step_one), step_two);
-}
-
 // Magnitude of an E2M1 code's low 3 bits, signed by bit 3 (spec: codec::e2m1_to_float).
 __device__ __forceinline__ float e2m1_value(uint32_t code) {
   const uint32_t m = code & 0x7u;

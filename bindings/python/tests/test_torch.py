@@ -103,14 +103,28 @@ def test_tcpstore_bootstrap_and_protocol_on_one_rank():
             w.release_group()
 
 
-def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulate(tmp_path):
+# The CPU (host backend) and CUDA (NCCL, one GPU) forms of the same test: ids "cpu" and "cuda".
+BACKENDS = [
+    pytest.param("cpu", id="cpu"),
+    pytest.param("cuda", id="cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend form needs a GPU")),
+]
+
+
+def _context(store, device, **kwargs):
+    return gt.Context(store, 0, 1, backend="cuda" if device == "cuda" else "host", **kwargs)
+
+
+@pytest.mark.parametrize("device", BACKENDS)
+def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulate(tmp_path, device):
     """TE writes its wgrad into grad_buffer() (accumulate=False). With accumulate_microbatches the
     weight's libgtp buffer is held across microbatches, so the second microbatch must get a scratch
     tensor whose wgrad is added, not written over the first."""
     for accumulate in (False, True):
         store = torch.distributed.FileStore(str(tmp_path / f"store{int(accumulate)}"), 1)
-        with gt.Context(store, 0, 1, accumulate_microbatches=accumulate, auto_drain=False) as ctx:
+        with _context(store, device, accumulate_microbatches=accumulate, auto_drain=False) as ctx:
             w = gt.Linear(IN, OUT, context=ctx, bias=False).weight
+            assert w.device.type == device
             targets = []
             for microbatch, value in enumerate((2.0, 3.0)):
                 target = w.grad_buffer()
@@ -124,22 +138,23 @@ def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulat
                 assert targets[0] != targets[1], "the held buffer was handed out to be overwritten"
 
 
-def test_layers_accumulate_microbatches_and_reduce_once_per_step(tmp_path):
+@pytest.mark.parametrize("device", BACKENDS)
+def test_layers_accumulate_microbatches_and_reduce_once_per_step(tmp_path, device):
     """accumulate_microbatches + attach_optimizer(microbatches=2): gtp.torch.Linear writes the first
     microbatch's wgrad, adds the second, and reduce-scatters once per step; .grad arrives at the
     step's last drain and equals autograd's sum over the microbatches."""
     store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-    with gt.Context(store, 0, 1, accumulate_microbatches=True) as ctx:
+    with _context(store, device, accumulate_microbatches=True) as ctx:
         torch.manual_seed(11)
         sharded = gt.Linear(IN, OUT, context=ctx, bias=False)
         torch.manual_seed(11)
-        plain = gt.Linear(IN, OUT, bias=False)
+        plain = gt.Linear(IN, OUT, bias=False, device=device)
         ready = []
         sharded.weight.register_grad_ready_hook(ready.append)
         ctx.attach_optimizer(torch.optim.SGD(sharded.parameters(), lr=0.0), microbatches=2)
         for step in range(2):
             for microbatch in range(2):
-                x = torch.randn(5, IN, generator=torch.Generator().manual_seed(10 * step + microbatch))
+                x = torch.randn(5, IN, generator=torch.Generator().manual_seed(10 * step + microbatch)).to(device)
                 sharded(x).square().sum().backward()
                 plain(x).square().sum().backward()
                 if microbatch == 0:

@@ -120,8 +120,9 @@ TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
     ASSERT_EQ(gtp_release(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
 
     const nlohmann::json stats = stats_of(ctx);
-    // Both groups mentioned: the shared cache's budget is the sum of theirs.
-    EXPECT_EQ(stats.at("cache").at("budget_bytes").get<int64_t>(), 3 << 20) << stats;
+    // Each group has its own budget from its own profile group.
+    EXPECT_EQ(stats.at("groups").at(GTP_GROUP_GTP_REMAT).at("budget_bytes").get<int64_t>(), 1 << 20) << stats;
+    EXPECT_EQ(stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT).at("budget_bytes").get<int64_t>(), 2 << 20) << stats;
     const nlohmann::json& weights = stats.at("weights");
     ASSERT_EQ(weights.size(), 3u);
     EXPECT_EQ(weights[1].at("gathered_bytes"), weights[2].at("gathered_bytes")) << stats;

@@ -640,6 +640,9 @@ GroupStats Runtime::group_stats(int group) const {
   GroupStats out = group_stats_[group];
   out.config = groups_[group];
   out.cache = caches_[group]->stats();
+  for (int i = 0; i < caches_[group]->size(); ++i) {
+    out.prefetched += caches_[group]->slot(i).state == Cache::State::kPrefetched ? 1 : 0;
+  }
   return out;
 }
 
@@ -665,7 +668,8 @@ std::string Runtime::stats_json() const {
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
                       {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},
                       {"materializations", group.materializations}, {"prefetch_hits", group.prefetch_hits},
-                      {"exposed_gathers", group.exposed_gathers}, {"prefetches", group.prefetches}});
+                      {"exposed_gathers", group.exposed_gathers}, {"prefetches", group.prefetches},
+                      {"prefetched", group.prefetched}});
   }
   j["groups"] = groups;
   j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},

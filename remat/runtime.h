@@ -79,6 +79,7 @@ struct GroupStats {
   std::int64_t prefetch_hits = 0;
   std::int64_t exposed_gathers = 0;
   std::int64_t prefetches = 0;
+  std::int64_t prefetched = 0;  // slots prefetched now (at most config.depth)
   CacheStats cache;
 };
 

@@ -356,7 +356,9 @@ void Runtime::refill_schedule() {
 
 void Runtime::follow_schedule(int chain, std::int64_t position, int group) {
   if (schedule_recording_) {
-    by_group_[group].push_back(static_cast<std::int64_t>(schedule_.size()));
+    // A consume its chain did not expect (position -1) is in the schedule but in no group's windows:
+    // it has no chain entry to prefetch.
+    if (position >= 0) by_group_[group].push_back(static_cast<std::int64_t>(schedule_.size()));
     schedule_.emplace_back(chain, position);
     schedule_group_.push_back(group);
     return;

@@ -47,6 +47,11 @@ int Cache::take(std::int64_t bytes, bool on_demand, Stream filler) {
     }
     if (best >= 0) {
       Slot& s = slots_[best];
+      std::int64_t filled = s.capacity;  // this slot and every other that holds a key
+      for (const Slot& other : slots_) {
+        if (other.state != State::kFree) filled += other.capacity;
+      }
+      stats_.peak_bytes = std::max(stats_.peak_bytes, filled);
       for (Event event : s.releases) {
         backend_.wait(filler, event);
         backend_.forget(event);
@@ -66,7 +71,7 @@ int Cache::take(std::int64_t bytes, bool on_demand, Stream filler) {
       if (slots_[i].state == State::kPrefetched) victim = i;
     }
     if (victim < 0) {
-      throw std::runtime_error("memory budget of " + std::to_string(config_.budget_bytes) + " bytes cannot hold " +
+      throw std::runtime_error((config_.name.empty() ? std::string() : config_.name + ": ") + "memory budget of " + std::to_string(config_.budget_bytes) + " bytes cannot hold " +
                                std::to_string(bytes) + " more bytes while " + std::to_string(stats_.slot_bytes) +
                                " bytes are held by consumers; raise the budget or release weights sooner");
     }

@@ -12,10 +12,11 @@
 // grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old
 // buffer, which on CUDA (cudaFree) waits for the device: a warm-up cost, never a steady-state one.
 // The budget caps the bytes of all slots: a prefetch that would exceed it waits (returns no slot,
-// counted); an on-demand fill first evicts prefetched slots.
+// counted); an on-demand fill first evicts prefetched slots. The runtime keeps one Cache per group.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "remat/backend.h"
@@ -26,11 +27,13 @@ namespace gtp::remat {
 struct CacheConfig {
   std::int64_t budget_bytes = 0;  // 0: no limit
   bool poison_released = false;   // fill freed slots with 0xFF bytes (NaN in BF16/FP32), for tests
+  std::string name;               // the owner in messages (the runtime: its group), or empty
 };
 
 struct CacheStats {
   std::int64_t slots = 0;
   std::int64_t slot_bytes = 0;          // sum of slot capacities
+  std::int64_t peak_bytes = 0;          // most capacity held by filled slots (Prefetched, Held) at once
   std::int64_t budget_waits = 0;        // prefetches deferred by the budget
   std::int64_t evictions = 0;           // prefetched slots dropped to make room for an on-demand fill
   std::int64_t dropped_prefetches = 0;  // prefetched slots dropped unused (mismatch, stale weights)

@@ -65,6 +65,7 @@ TEST(Cache, TheBudgetDefersPrefetchesEvictsThemOnDemandAndRefusesWhenConsumersHo
   LoggingBackend backend;
   CacheConfig config;
   config.budget_bytes = 2000;
+  config.name = "experts";
   Cache cache(backend, config);
   const int held = cache.take(1000, true, gather0());
   cache.slot(held).state = Cache::State::kHeld;
@@ -85,9 +86,28 @@ TEST(Cache, TheBudgetDefersPrefetchesEvictsThemOnDemandAndRefusesWhenConsumersHo
     cache.take(1000, true, gather0());
     ADD_FAILURE() << "a full budget held by consumers must be refused";
   } catch (const std::runtime_error& error) {
-    EXPECT_NE(std::string(error.what()).find("memory budget of 2000 bytes"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("experts: memory budget of 2000 bytes"), std::string::npos)
+        << error.what();
   }
   EXPECT_LE(cache.stats().slot_bytes, config.budget_bytes);
+}
+
+TEST(Cache, PeakBytesCountTheFilledSlotsAtOnce) {
+  LoggingBackend backend;
+  Cache cache(backend, CacheConfig{});
+  const int a = cache.take(1000, true, gather0());
+  cache.slot(a).state = Cache::State::kHeld;
+  cache.slot(a).consumers = 1;
+  EXPECT_EQ(cache.stats().peak_bytes, 1000);
+  const int b = cache.take(1000, false, gather0());
+  cache.slot(b).state = Cache::State::kPrefetched;
+  EXPECT_EQ(cache.stats().peak_bytes, 2000);
+  cache.release(a, backend.record(gather0()));
+  cache.drop(b);
+  const int c = cache.take(1000, true, gather0());  // one of the two free slots: one filled at a time
+  cache.slot(c).state = Cache::State::kHeld;
+  EXPECT_EQ(cache.stats().peak_bytes, 2000);
+  EXPECT_EQ(cache.stats().slot_bytes, 2000) << "slots stay allocated; peak_bytes counts the filled ones";
 }
 
 TEST(Cache, PoisoningWaitsForTheReleasesThenFillsTheWholeSlot) {

@@ -60,13 +60,6 @@ Chain::Consume Chain::consume(const ChainKey& key) {
   return result;
 }
 
-std::vector<std::int64_t> Chain::upcoming(int depth) const {
-  std::vector<std::int64_t> out;
-  if (recording_) return out;
-  for (std::int64_t p = position_; p < std::min<std::int64_t>(position_ + depth, length()); ++p) out.push_back(p);
-  return out;
-}
-
 void Chain::end_step() {
   if (recording_) {
     recording_ = order_.empty();

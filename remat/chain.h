@@ -51,6 +51,7 @@ class Chain {
 
   bool recording() const { return recording_; }
   std::int64_t length() const { return static_cast<std::int64_t>(order_.size()); }
+  // The entry expected next (after end_step: 0, the head of the next step).
   std::int64_t position() const { return position_; }
   std::int64_t mismatches() const { return mismatches_; }
   // The latest mismatch, in words (empty if none).
@@ -61,9 +62,6 @@ class Chain {
   // were skipped), otherwise the position stays (an extra entry, or one past the end of the step).
   Consume consume(const ChainKey& key);
 
-  // The positions of the next `depth` entries from the current one, up to the end of the step (after
-  // end_step the current position is the head of the next step). Empty while recording.
-  std::vector<std::int64_t> upcoming(int depth) const;
   const ChainKey& at(std::int64_t position) const { return order_[position]; }
 
   // End of a step (drain): a recording chain with entries closes; a verified chain that stopped inside

@@ -38,17 +38,48 @@ kernels::GemmOutputs gemm_outputs(const Weight& w, char* region) {
 
 }  // namespace
 
+namespace {
+
+// The groups' settings: RuntimeConfig::groups, or depth and cache.budget_bytes for every group.
+std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_count) {
+  const bool per_group = !config.groups.empty();
+  if (per_group && static_cast<int>(config.groups.size()) != group_count) {
+    throw std::invalid_argument("RuntimeConfig::groups has " + std::to_string(config.groups.size()) +
+                                " entries but the backend has " + std::to_string(group_count) +
+                                " groups; give one entry per group, or none (depth and cache.budget_bytes for all)");
+  }
+  std::vector<GroupConfig> out;
+  for (int g = 0; g < group_count; ++g) {
+    GroupConfig group = per_group ? config.groups[g] : GroupConfig{config.depth, config.cache.budget_bytes, {}};
+    if (group.name.empty()) group.name = "group " + std::to_string(g);
+    const std::string who = per_group ? group.name + " (RuntimeConfig::groups[" + std::to_string(g) + "])"
+                                      : std::string("RuntimeConfig (every group)");
+    if (group.depth < 0 || group.depth > kMaxDepth) {
+      throw std::invalid_argument(who + ": prefetch depth " + std::to_string(group.depth) + " is out of range; use 0.." +
+                                  std::to_string(kMaxDepth) + " (0: the group's keys are gathered on demand)");
+    }
+    if (group.budget_bytes < 0) {
+      throw std::invalid_argument(who + ": memory budget " + std::to_string(group.budget_bytes) +
+                                  " is negative; use 0 (no limit) or a byte count");
+    }
+    out.push_back(std::move(group));
+  }
+  return out;
+}
+
+}  // namespace
+
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
-    : backend_(backend), config_(std::move(config)), registry_(backend), cache_(backend, config_.cache),
-      grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
-  if (config_.depth < 0 || config_.depth > kMaxDepth) {
-    throw std::invalid_argument("prefetch depth " + std::to_string(config_.depth) + " is out of range; use 0.." +
-                                std::to_string(kMaxDepth));
+    : backend_(backend), config_(std::move(config)), groups_(resolve_groups(config_, backend.group_count())),
+      registry_(backend), grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
+  for (const GroupConfig& group : groups_) {
+    CacheConfig cache = config_.cache;
+    cache.budget_bytes = group.budget_bytes;
+    cache.name = group.name;
+    caches_.push_back(std::make_unique<Cache>(backend_, cache));
   }
-  if (config_.cache.budget_bytes < 0) {
-    throw std::invalid_argument("memory budget " + std::to_string(config_.cache.budget_bytes) +
-                                " is negative; use 0 (no limit) or a byte count");
-  }
+  group_stats_.resize(groups_.size());
+  by_group_.resize(groups_.size());
 }
 
 int Runtime::chain_index(Phase phase, int chunk) {
@@ -73,6 +104,10 @@ std::int64_t Runtime::bytes_for(const ChainKey& key) const {
   return bytes;
 }
 
+bool Runtime::registered(const ChainKey& key) const {
+  return std::all_of(key.begin(), key.end(), [&](WeightId id) { return registry_.contains(id); });
+}
+
 std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
   std::vector<std::uint64_t> out;
   for (WeightId id : key) out.push_back(registry_.get(id).version);
@@ -89,7 +124,7 @@ Stream Runtime::fill_stream(const ChainKey& key) {
 
 void Runtime::fill(int index, const ChainKey& key, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  Cache::Slot& slot = cache_.slot(index);
+  Cache::Slot& slot = caches_[group_of(key)]->slot(index);
   const Stream stream = slot.filler;
   std::vector<Stream>& joined = joined_scratch_;  // reused: no allocation per fill
   joined.assign(1, stream);
@@ -156,7 +191,7 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
 
 std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
   std::vector<Materialized> out;
-  char* next = static_cast<char*>(cache_.slot(index).ptr);
+  char* next = static_cast<char*>(caches_[group_of(key)]->slot(index).ptr);
   for (WeightId id : key) {
     const Weight& w = registry_.get(id);
     const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
@@ -182,46 +217,79 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
   return out;
 }
 
-// Keeps the next `depth` consumes prefetched: the step schedule's while the step follows it
-// (refill_schedule), else `chain`'s own. At most `depth` slots are prefetched over all chains: room is
-// made by dropping other chains' prefetches first; the budget may defer the rest.
+// Keeps, per group g, the next depth_g consumes of group g prefetched: along the step schedule while
+// the step follows it (refill_schedule), else along `chain` to the end of its step, looking past the
+// other groups' keys. At most depth_g slots of group g are prefetched over all chains: room is made by
+// dropping the group's prefetches for other chains first; the group's budget may defer the rest.
 void Runtime::refill(int chain) {
   if (!schedule_recording_ && schedule_in_sync_) {
     refill_schedule();
     return;
   }
-  const std::vector<std::int64_t> window = chains_[chain].upcoming(config_.depth);
-  int prefetched = 0;
-  for (int i = 0; i < cache_.size(); ++i) {
-    Cache::Slot& s = cache_.slot(i);
-    if (s.state != Cache::State::kPrefetched) continue;
-    if (s.chain == chain && std::find(window.begin(), window.end(), s.position) == window.end()) {
-      cache_.drop(i);
-    } else {
-      ++prefetched;
-    }
+  const int groups = group_count();
+  // The window: chain positions in order, with their groups, until every group has its depth.
+  window_scratch_.clear();
+  window_group_scratch_.clear();
+  count_scratch_.assign(groups, 0);
+  const Chain& c = chains_[chain];
+  int open = 0;  // groups whose window is not full yet
+  for (const GroupConfig& group : groups_) open += group.depth > 0 ? 1 : 0;
+  for (std::int64_t p = c.recording() ? c.length() : c.position(); p < c.length() && open > 0; ++p) {
+    const ChainKey& key = c.at(p);
+    if (!registered(key)) break;  // a weight unregistered since recording: nothing past it
+    const int g = group_of(key);
+    if (count_scratch_[g] == groups_[g].depth) continue;
+    window_scratch_.push_back(p);
+    window_group_scratch_.push_back(g);
+    if (++count_scratch_[g] == groups_[g].depth) --open;
   }
-  for (std::int64_t position : window) {
-    if (cache_.find_prefetched(chain, position) >= 0) continue;
-    const ChainKey& key = chains_[chain].at(position);
-    if (!std::all_of(key.begin(), key.end(), [&](WeightId id) { return registry_.contains(id); })) return;
-    for (int i = 0; prefetched >= config_.depth && i < cache_.size(); ++i) {
-      if (cache_.slot(i).state == Cache::State::kPrefetched && cache_.slot(i).chain != chain) {
-        cache_.drop(i);
-        --prefetched;
+  // The chain's prefetches outside the window go; the rest count against their group's depth.
+  count_scratch_.assign(groups, 0);
+  for (int g = 0; g < groups; ++g) {
+    Cache& cache = *caches_[g];
+    for (int i = 0; i < cache.size(); ++i) {
+      const Cache::Slot& s = cache.slot(i);
+      if (s.state != Cache::State::kPrefetched) continue;
+      if (s.chain == chain &&
+          std::find(window_scratch_.begin(), window_scratch_.end(), s.position) == window_scratch_.end()) {
+        cache.drop(i);
+      } else {
+        ++count_scratch_[g];
       }
     }
-    if (prefetched >= config_.depth) return;
-    const int index = cache_.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
-    if (index < 0) return;
-    fill(index, key, "prefetch");
-    Cache::Slot& slot = cache_.slot(index);
-    slot.state = Cache::State::kPrefetched;
-    slot.chain = chain;
-    slot.position = position;
-    ++prefetched;
-    ++stats_.prefetches;
   }
+  deferred_scratch_.assign(groups, 0);
+  for (std::size_t w = 0; w < window_scratch_.size(); ++w) {
+    const std::int64_t position = window_scratch_[w];
+    const int g = window_group_scratch_[w];
+    Cache& cache = *caches_[g];
+    if (deferred_scratch_[g] != 0 || cache.find_prefetched(chain, position) >= 0) continue;
+    for (int i = 0; count_scratch_[g] >= groups_[g].depth && i < cache.size(); ++i) {
+      if (cache.slot(i).state == Cache::State::kPrefetched && cache.slot(i).chain != chain) {
+        cache.drop(i);
+        --count_scratch_[g];
+      }
+    }
+    if (count_scratch_[g] >= groups_[g].depth || !prefetch(g, c.at(position), chain, position)) {
+      deferred_scratch_[g] = 1;  // retried on the next consume or release; the other groups go on
+      continue;
+    }
+    ++count_scratch_[g];
+  }
+}
+
+bool Runtime::prefetch(int group, const ChainKey& key, int chain, std::int64_t position) {
+  Cache& cache = *caches_[group];
+  const int index = cache.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
+  if (index < 0) return false;  // the group's budget
+  fill(index, key, "prefetch");
+  Cache::Slot& slot = cache.slot(index);
+  slot.state = Cache::State::kPrefetched;
+  slot.chain = chain;
+  slot.position = position;
+  ++stats_.prefetches;
+  ++group_stats_[group].prefetches;
+  return true;
 }
 
 void Runtime::join_capture(Stream stream) {
@@ -236,49 +304,63 @@ void Runtime::join_capture(Stream stream) {
 
 std::vector<std::int64_t> Runtime::boundary() const {
   std::vector<std::int64_t> out;
-  for (int i = 0; i < cache_.size(); ++i) {
-    const Cache::Slot& s = cache_.slot(i);
-    if (s.state == Cache::State::kPrefetched) out.insert(out.end(), {i, s.chain, s.position});
+  for (int g = 0; g < group_count(); ++g) {
+    for (int i = 0; i < caches_[g]->size(); ++i) {
+      const Cache::Slot& s = caches_[g]->slot(i);
+      if (s.state == Cache::State::kPrefetched) out.insert(out.end(), {g, i, s.chain, s.position});
+    }
   }
   return out;
 }
 
+// Group g's window is its next depth_g entries of the schedule from the current position. The
+// look-ahead reaches the end of the recorded schedule (one step; the next step's head is prefetched
+// at drain), however many entries of other groups lie between: by_group_ finds them without a scan.
 void Runtime::refill_schedule() {
-  const std::int64_t end =
-      std::min<std::int64_t>(schedule_position_ + config_.depth, static_cast<std::int64_t>(schedule_.size()));
+  const int groups = group_count();
+  window_scratch_.clear();
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<std::int64_t>& mine = by_group_[g];
+    const auto first = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
+    const auto last = first + std::min<std::ptrdiff_t>(groups_[g].depth, mine.end() - first);
+    window_scratch_.insert(window_scratch_.end(), first, last);
+  }
+  std::sort(window_scratch_.begin(), window_scratch_.end());  // the earliest consume is gathered first
   const auto in_window = [&](int chain, std::int64_t position) {
-    for (std::int64_t i = schedule_position_; i < end; ++i) {
+    for (std::int64_t i : window_scratch_) {
       if (schedule_[i].first == chain && schedule_[i].second == position) return true;
     }
     return false;
   };
-  for (int i = 0; i < cache_.size(); ++i) {
-    const Cache::Slot& s = cache_.slot(i);
-    if (s.state == Cache::State::kPrefetched && !in_window(s.chain, s.position)) cache_.drop(i);
+  for (const std::unique_ptr<Cache>& cache : caches_) {
+    for (int i = 0; i < cache->size(); ++i) {
+      const Cache::Slot& s = cache->slot(i);
+      if (s.state == Cache::State::kPrefetched && !in_window(s.chain, s.position)) cache->drop(i);
+    }
   }
-  for (std::int64_t i = schedule_position_; i < end; ++i) {
+  deferred_scratch_.assign(groups, 0);
+  for (std::int64_t i : window_scratch_) {
     const auto [chain, position] = schedule_[i];
-    if (cache_.find_prefetched(chain, position) >= 0) continue;
+    const int g = schedule_group_[i];
+    if (deferred_scratch_[g] != 0 || caches_[g]->find_prefetched(chain, position) >= 0) continue;
     if (chain >= static_cast<int>(chains_.size()) || chains_[chain].recording() ||
         position >= chains_[chain].length()) {
       return;  // the chain was reset since the schedule was recorded
     }
     const ChainKey& key = chains_[chain].at(position);
-    if (!std::all_of(key.begin(), key.end(), [&](WeightId id) { return registry_.contains(id); })) return;
-    const int index = cache_.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
-    if (index < 0) return;  // the budget: retried on the next consume or release
-    fill(index, key, "prefetch");
-    Cache::Slot& slot = cache_.slot(index);
-    slot.state = Cache::State::kPrefetched;
-    slot.chain = chain;
-    slot.position = position;
-    ++stats_.prefetches;
+    // A weight unregistered since recording, or the group's budget: the group waits (retried on the
+    // next consume or release) while the other groups go on.
+    if (!registered(key) || !prefetch(g, key, chain, position)) deferred_scratch_[g] = 1;
   }
 }
 
-void Runtime::follow_schedule(int chain, std::int64_t position) {
+void Runtime::follow_schedule(int chain, std::int64_t position, int group) {
   if (schedule_recording_) {
+    // A consume its chain did not expect (position -1) is in the schedule but in no group's windows:
+    // it has no chain entry to prefetch.
+    if (position >= 0) by_group_[group].push_back(static_cast<std::int64_t>(schedule_.size()));
     schedule_.emplace_back(chain, position);
+    schedule_group_.push_back(group);
     return;
   }
   const std::pair<int, std::int64_t> entry(chain, position);
@@ -292,6 +374,13 @@ void Runtime::follow_schedule(int chain, std::int64_t position) {
   const auto later = position < 0 ? schedule_.end() : std::find(schedule_.begin() + schedule_position_, schedule_.end(), entry);
   schedule_in_sync_ = later != schedule_.end();
   if (schedule_in_sync_) schedule_position_ = (later - schedule_.begin()) + 1;
+}
+
+void Runtime::clear_schedule() {
+  schedule_.clear();
+  schedule_group_.clear();
+  for (std::vector<std::int64_t>& indices : by_group_) indices.clear();
+  schedule_recording_ = true;
 }
 
 std::vector<void*> Runtime::materialize(const WeightId* ids, std::int64_t n, Phase phase, int chunk, Layout layout,
@@ -320,30 +409,34 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   join_capture(stream);
   const bool recording = chains_[c].recording();
   const Chain::Consume consumed = chains_[c].consume(key);
-  follow_schedule(c, recording ? chains_[c].length() - 1 : consumed.position);
+  const int group = group_of(key);
+  Cache& cache = *caches_[group];
+  follow_schedule(c, recording ? chains_[c].length() - 1 : consumed.position, group);
   // A chain first used after the schedule was recorded (say, recompute switched on) is not in it:
   // record the schedule again over the next step.
   if (recording && !schedule_recording_) schedule_rerecord_ = true;
-  int index = consumed.position >= 0 ? cache_.find_prefetched(c, consumed.position) : -1;
-  if (index >= 0 && cache_.slot(index).versions != versions(key)) {
-    cache_.drop(index);  // shard_updated re-gathers prefetched slots, so this is only a safety net
+  int index = consumed.position >= 0 ? cache.find_prefetched(c, consumed.position) : -1;
+  if (index >= 0 && cache.slot(index).versions != versions(key)) {
+    cache.drop(index);  // shard_updated re-gathers prefetched slots, so this is only a safety net
     ++stats_.stale_prefetches;
     index = -1;
   }
   const bool hit = index >= 0;
   if (hit) {
     ++stats_.prefetch_hits;
+    ++group_stats_[group].prefetch_hits;
   } else {
-    index = cache_.take(bytes_for(key), /*on_demand=*/true, fill_stream(key));
+    index = cache.take(bytes_for(key), /*on_demand=*/true, fill_stream(key));
     fill(index, key, "exposed");
     ++stats_.exposed_gathers;
+    ++group_stats_[group].exposed_gathers;
   }
   for (WeightId id : key) {
     WeightStats& w = weight_stats_[id];  // fill() sized it when the key was first gathered
     ++w.materializations;
     ++(hit ? w.prefetch_hits : w.exposed_gathers);
   }
-  Cache::Slot& slot = cache_.slot(index);
+  Cache::Slot& slot = cache.slot(index);
   slot.state = Cache::State::kHeld;
   slot.chain = -1;
   slot.position = -1;
@@ -352,6 +445,7 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   backend_.forget(slot.ready);
   slot.ready = 0;
   ++stats_.materializations;
+  ++group_stats_[group].materializations;
   active_chain_ = c;
   std::vector<Materialized> out = outputs(index, key);
   refill(c);
@@ -361,17 +455,18 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
 void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::optional<Layout> layout) {
   const Backend::CallScope scope(backend_);
   ChainKey key(registry_.expand(ids, n), layout.value_or(Layout::kBF16));
+  Cache& cache = *caches_[group_of(key)];
   if (!layout) {
-    const int bf16 = cache_.find_held(key);
+    const int bf16 = cache.find_held(key);
     key.layout = Layout::kGemm;
-    const int gemm = cache_.find_held(key);
+    const int gemm = cache.find_held(key);
     if (bf16 >= 0 && gemm >= 0) {
       throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name +
                                   "' is materialized in both the BF16 and the GEMM layout; name the layout to release");
     }
     if (gemm < 0) key.layout = Layout::kBF16;
   }
-  const int index = cache_.find_held(key);
+  const int index = cache.find_held(key);
   if (index < 0) {
     throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name + "'" +
                                 (key.size() > 1 ? " and the others listed" : "") +
@@ -380,7 +475,7 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
                                 "release exactly the ids passed to materialize, once");
   }
   join_capture(stream);
-  cache_.release(index, backend_.record(stream));
+  cache.release(index, backend_.record(stream));
   if (active_chain_ >= 0) refill(active_chain_);
 }
 
@@ -410,8 +505,7 @@ void Runtime::drain(Stream stream, Head head) {
   grads_.drain(stream);
   for (Chain& chain : chains_) chain.end_step();
   if (schedule_rerecord_) {
-    schedule_.clear();
-    schedule_recording_ = true;
+    clear_schedule();
     schedule_rerecord_ = false;
   } else if (schedule_recording_ && !schedule_.empty()) {
     schedule_recording_ = false;
@@ -447,13 +541,15 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
   registry_.shard_updated(ids, n, stream);
   if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
-  for (int i = 0; i < cache_.size(); ++i) {
-    Cache::Slot& slot = cache_.slot(i);
-    if (slot.state != Cache::State::kPrefetched) continue;
-    if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
-    const ChainKey key = slot.key;
-    fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
-    ++stats_.stale_prefetches;
+  for (const std::unique_ptr<Cache>& cache : caches_) {
+    for (int i = 0; i < cache->size(); ++i) {
+      Cache::Slot& slot = cache->slot(i);
+      if (slot.state != Cache::State::kPrefetched) continue;
+      if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
+      const ChainKey key = slot.key;
+      fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
+      ++stats_.stale_prefetches;
+    }
   }
   if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
     head_deferred_ = false;
@@ -464,11 +560,12 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
 
 void Runtime::unregister_weight(WeightId id) {
   const Weight& w = registry_.get(id);
-  for (int i = 0; i < cache_.size(); ++i) {
-    Cache::Slot& slot = cache_.slot(i);
-    if (slot.state == Cache::State::kFree || std::find(slot.key.begin(), slot.key.end(), id) == slot.key.end()) continue;
-    if (slot.state == Cache::State::kHeld) {
-      throw std::invalid_argument("unregister: weight '" + w.desc.name + "' is materialized; release it first");
+  for (const std::unique_ptr<Cache>& cache : caches_) {
+    for (int i = 0; i < cache->size(); ++i) {
+      const Cache::Slot& slot = cache->slot(i);
+      if (slot.state == Cache::State::kHeld && std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
+        throw std::invalid_argument("unregister: weight '" + w.desc.name + "' is materialized; release it first");
+      }
     }
   }
   if (grads_.busy(id)) {
@@ -476,10 +573,12 @@ void Runtime::unregister_weight(WeightId id) {
                                 "' has a grad buffer or a pending reduction; finalize and drain first");
   }
   registry_.remove(id);
-  for (int i = 0; i < cache_.size(); ++i) {
-    Cache::Slot& slot = cache_.slot(i);
-    if (slot.state == Cache::State::kPrefetched && std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
-      cache_.drop(i);
+  for (const std::unique_ptr<Cache>& cache : caches_) {
+    for (int i = 0; i < cache->size(); ++i) {
+      const Cache::Slot& slot = cache->slot(i);
+      if (slot.state == Cache::State::kPrefetched && std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
+        cache->drop(i);
+      }
     }
   }
 }
@@ -498,12 +597,11 @@ bool Runtime::capture_in_progress(Stream stream) {
 void Runtime::reset_chains() {
   for (Chain& chain : chains_) chain.reset();
   head_deferred_ = false;
-  schedule_.clear();
-  schedule_recording_ = true;
+  clear_schedule();
   schedule_position_ = 0;
   schedule_in_sync_ = false;
   schedule_rerecord_ = false;
-  cache_.drop_all_prefetched();
+  for (const std::unique_ptr<Cache>& cache : caches_) cache->drop_all_prefetched();
   active_chain_ = -1;
 }
 
@@ -522,22 +620,60 @@ RuntimeStats Runtime::stats() const {
   return out;
 }
 
+CacheStats Runtime::cache_stats() const {
+  CacheStats sum;
+  for (const std::unique_ptr<Cache>& cache : caches_) {
+    const CacheStats& c = cache->stats();
+    sum.slots += c.slots;
+    sum.slot_bytes += c.slot_bytes;
+    sum.peak_bytes += c.peak_bytes;
+    sum.budget_waits += c.budget_waits;
+    sum.evictions += c.evictions;
+    sum.dropped_prefetches += c.dropped_prefetches;
+  }
+  return sum;
+}
+
+GroupStats Runtime::group_stats(int group) const {
+  if (group < 0 || group >= group_count()) {
+    throw std::invalid_argument("group " + std::to_string(group) + " does not exist; the backend has groups 0.." +
+                                std::to_string(group_count() - 1));
+  }
+  GroupStats out = group_stats_[group];
+  out.config = groups_[group];
+  out.cache = caches_[group]->stats();
+  for (int i = 0; i < caches_[group]->size(); ++i) {
+    out.prefetched += caches_[group]->slot(i).state == Cache::State::kPrefetched ? 1 : 0;
+  }
+  return out;
+}
+
 std::string Runtime::stats_json() const {
   const RuntimeStats s = stats();
-  const CacheStats& c = cache_.stats();
+  const CacheStats c = cache_stats();
   const GradsStats& g = grads_.stats();
   const MemoryStats& m = backend_.memory();
   nlohmann::json j;
   j["backend"] = backend_.name();
-  j["depth"] = config_.depth;
   j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits},
                       {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
                       {"stale_prefetches", s.stale_prefetches}};
   j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch},
                  {"schedule_entries", schedule_.size()}, {"schedule_mismatches", s.schedule_mismatches}};
-  j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_bytes", config_.cache.budget_bytes},
-                {"budget_waits", c.budget_waits}, {"evictions", c.evictions},
-                {"dropped_prefetches", c.dropped_prefetches}};
+  j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_waits", c.budget_waits},
+                {"evictions", c.evictions}, {"dropped_prefetches", c.dropped_prefetches}};
+  nlohmann::json groups = nlohmann::json::array();
+  for (int index = 0; index < group_count(); ++index) {
+    const GroupStats group = group_stats(index);
+    groups.push_back({{"group", index}, {"name", group.config.name}, {"depth", group.config.depth},
+                      {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
+                      {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
+                      {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},
+                      {"materializations", group.materializations}, {"prefetch_hits", group.prefetch_hits},
+                      {"exposed_gathers", group.exposed_gathers}, {"prefetches", group.prefetches},
+                      {"prefetched", group.prefetched}});
+  }
+  j["groups"] = groups;
   j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},
                 {"pool_buffers", g.pool_buffers}};
   j["memory"] = {{"allocations", m.allocations}, {"bytes_in_use", m.bytes_in_use}, {"peak_bytes", m.peak_bytes}};

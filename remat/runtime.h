@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,9 +42,20 @@ struct Materialized {
   kernels::GemmLayoutSizes gemm;  // all zero for the BF16 layout
 };
 
+// One backend group's prefetch and cache (index = WeightDesc::group; a key belongs to the group of
+// its first weight). See docs/remat.md, Per-group depth and budget.
+struct GroupConfig {
+  int depth = 1;                  // keys of this group prefetched ahead, 0 (always on demand)..kMaxDepth
+  std::int64_t budget_bytes = 0;  // cap on the bytes of this group's cache slots; 0: no limit
+  std::string name;               // in messages and stats; empty: "group <index>"
+};
+
 struct RuntimeConfig {
-  int depth = 1;  // chain entries prefetched ahead of the consumer, 0 (no prefetch, as profiles allow)..kMaxDepth
+  // With `groups` empty, every group gets `depth` and `cache.budget_bytes` (each group its own
+  // budget of that size, not a share of it).
+  int depth = 1;  // 0 (no prefetch, as profiles allow)..kMaxDepth
   CacheConfig cache;
+  std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;
   std::size_t trace_spans = 0;  // spans kept for chrome_trace(); 0: no trace
 };
@@ -58,6 +70,17 @@ struct RuntimeStats {
   std::int64_t chain_mismatches = 0;    // over all chains
   std::string last_mismatch;
   std::int64_t schedule_mismatches = 0;  // consumes that left the recorded cross-chain schedule
+};
+
+// One group's settings as applied, its materialize counters and its cache's figures.
+struct GroupStats {
+  GroupConfig config;  // name filled in
+  std::int64_t materializations = 0;
+  std::int64_t prefetch_hits = 0;
+  std::int64_t exposed_gathers = 0;
+  std::int64_t prefetches = 0;
+  std::int64_t prefetched = 0;  // slots prefetched now (at most config.depth)
+  CacheStats cache;
 };
 
 class Runtime {
@@ -111,7 +134,11 @@ class Runtime {
   bool capture_in_progress(Stream stream);
 
   RuntimeStats stats() const;
-  const CacheStats& cache_stats() const { return cache_.stats(); }
+  // Summed over the groups' caches (peak_bytes: the sum of their peaks).
+  CacheStats cache_stats() const;
+  int group_count() const { return static_cast<int>(groups_.size()); }
+  // Throws std::invalid_argument for a group the backend does not have.
+  GroupStats group_stats(int group) const;
   const GradsStats& grads_stats() const { return grads_.stats(); }
   // Per-weight figures (WeightStats{} for a weight never materialized).
   WeightStats weight_stats(WeightId id) const;
@@ -125,42 +152,61 @@ class Runtime {
   std::int64_t bytes_for(const ChainKey& key) const;
   Stream fill_stream(const ChainKey& key);
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
-  // Gathers and unpacks `key` into the slot; `why` is the trace category.
+  // The group whose cache, depth and budget a key uses: its first weight's.
+  int group_of(const ChainKey& key) const { return registry_.get(key.front()).desc.group; }
+  bool registered(const ChainKey& key) const;
+  // Gathers and unpacks `key` into slot `slot` of its group's cache; `why` is the trace category.
   void fill(int slot, const ChainKey& key, const char* why);
-  std::vector<Materialized> outputs(int slot, const ChainKey& key);
+  // Takes a slot of the key's group for a prefetch of (chain, position) and fills it; false when the
+  // group's budget defers it.
+  bool prefetch(int group, const ChainKey& key, int chain, std::int64_t position);
+  std::vector<Materialized> outputs(int slot, const ChainKey& key);  // slot of the key's group
   void refill(int chain);
-  // Prefetches the next `depth` entries of the recorded step schedule, over all chains.
+  // Per group g, prefetches the next depth_g entries of group g in the recorded step schedule.
   void refill_schedule();
-  // Follows a consume of (chain, position) through the step schedule (recording on the first step).
-  void follow_schedule(int chain, std::int64_t position);
+  // Follows a consume of (chain, position) of a key of `group` through the step schedule (recording
+  // on the first step).
+  void follow_schedule(int chain, std::int64_t position, int group);
+  void clear_schedule();
   // Under CUDA graph capture of `stream`, forks every side stream into the capture (once per capture).
   void join_capture(Stream stream);
-  // (slot, chain, position) of every prefetched slot: the state a captured step must end in.
+  // (group, slot, chain, position) of every prefetched slot: the state a captured step must end in.
   std::vector<std::int64_t> boundary() const;
 
   Backend& backend_;
   RuntimeConfig config_;
+  std::vector<GroupConfig> groups_;  // per backend group, as applied
   Registry registry_;
-  Cache cache_;
+  std::vector<std::unique_ptr<Cache>> caches_;  // per group: slots sized for that group's keys
   Grads grads_;
   std::vector<Chain> chains_;       // index = chunk * 3 + phase
   int active_chain_ = -1;           // the chain of the latest materialize, refilled on release
   // The step schedule: every consume of the first step as (chain, position), in call order, so that
   // prefetch looks ahead across chain switches (forward -> backward of a microbatch, recompute,
   // VPP chunks) instead of only along the active chain. Verified like a chain; while a step follows
-  // it (`schedule_in_sync_`) the prefetch window is its next `depth` entries, else the active chain's.
+  // it (`schedule_in_sync_`) the prefetch window of group g is its next depth_g entries of group g,
+  // else the active chain's.
   std::vector<std::pair<int, std::int64_t>> schedule_;
+  std::vector<int> schedule_group_;                    // the group of each schedule entry
+  std::vector<std::vector<std::int64_t>> by_group_;    // per group, its schedule indices in order
   bool schedule_recording_ = true;
   std::int64_t schedule_position_ = 0;
   bool schedule_in_sync_ = false;
   std::int64_t schedule_mismatches_ = 0;
   bool schedule_rerecord_ = false;  // a chain recorded after the schedule closed: record it again
   RuntimeStats stats_;
+  std::vector<GroupStats> group_stats_;  // counters only; config and cache filled in by group_stats()
   std::vector<WeightStats> weight_stats_;  // indexed by id
   Trace trace_;
   std::vector<std::int64_t> boundary_;  // boundary() after the latest drain
   bool head_deferred_ = false;          // drain(.., kAfterShardUpdate): shard_updated prefetches the head
   std::vector<Stream> joined_scratch_;  // fill()'s gather streams joined so far
+  // refill's windows (schedule indices, or chain positions), per-group counts and deferred groups:
+  // reused, so a refill allocates nothing in steady state.
+  std::vector<std::int64_t> window_scratch_;
+  std::vector<int> window_group_scratch_;
+  std::vector<int> count_scratch_;
+  std::vector<char> deferred_scratch_;
   // fill()'s BF16-layout unpacks with their wire specs, the distinct specs, and one spec's jobs:
   // reused, so a steady-state fill allocates nothing.
   std::vector<std::pair<kernels::WireSpec, kernels::UnpackJob>> unpacks_scratch_;

@@ -439,6 +439,35 @@ TEST(Runtime, StepScheduleLooksAheadAcrossChainsAndResyncsAfterADeparture) {
   });
 }
 
+// A consume that mismatches its chain while the schedule records (an extra layer at the end) has no
+// chain position: its schedule entry is never prefetched, and the steps that follow stay correct.
+TEST(Runtime, AnExtraConsumeWhileTheScheduleRecordsIsNeverPrefetched) {
+  on_ranks(2, [](comm::HostComm& comm) {
+    HostBackend backend({&comm});
+    RuntimeConfig config;
+    config.depth = 3;
+    Runtime runtime(backend, config);
+    std::vector<std::vector<std::uint16_t>> shards;
+    shards.reserve(3);
+    const std::vector<WeightId> ids = register_model(runtime, comm, shards);
+    auto use = [&](int layer, Phase phase) { use_layer(runtime, ids, layer, phase, 0); };
+    auto step = [&](bool recompute, bool extra) {
+      for (int l : {0, 1, 2}) use(l, Phase::kForward);
+      if (extra) use(0, Phase::kForward);  // past the forward chain's end
+      if (recompute) use(2, Phase::kRecompute);
+      for (int l : {2, 1, 0}) use(l, Phase::kBackward);
+      runtime.drain(nullptr);
+    };
+    step(false, false);  // records the chains and the schedule
+    step(true, false);   // a new chain: the schedule records again over the next step
+    step(true, true);    // ... which has an extra consume
+    for (int s = 0; s < 3; ++s) step(true, true);
+    const RuntimeStats stats = runtime.stats();
+    EXPECT_GT(stats.prefetch_hits, 0);
+    EXPECT_LE(runtime.cache_stats().slot_bytes, 4 * 2 * 2048) << "(depth + 1) x the largest layer";
+  });
+}
+
 // drain(.., kAfterShardUpdate): the next step's head is gathered after the optimizer's re-pack
 // instead of at drain and again at shard_updated; without a shard_updated the first consume of the
 // step gathers it on demand.

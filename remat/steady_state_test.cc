@@ -1,10 +1,12 @@
 // The precondition of CUDA-graph capture, checked on the host backend (the cache and chain logic are
 // the same on every backend): from the second step on, a step with the same calls leaves the cache in
 // the state it found it, so every materialize and grad_buffer returns the same address as in the step
-// before and nothing is allocated. The shapes and wires are those of cuda_graph_test.
+// before and nothing is allocated, also with per-group depths. The shapes and wires are those of
+// cuda_graph_test.
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <utility>
 #include <vector>
 
 #include "comm/host.h"
@@ -23,9 +25,9 @@ struct LayerSpec {
   kernels::WireSpec wire;
 };
 
-class SteadyState : public ::testing::TestWithParam<int> {};
-
-TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
+// Five steps of forward and backward over the layers (the last one in group `last_group`, the others
+// in group 0), checking from step 2 on that the addresses repeat and nothing is allocated.
+void expect_steady_state(const RuntimeConfig& config, int last_group) {
   const std::vector<LayerSpec> layers = {
       {64, 128, kernels::SourceDtype::kBF16, {kernels::WireFormat::kBF16}},
       {96, 64, kernels::SourceDtype::kFP32, {kernels::WireFormat::kFP8}},
@@ -33,9 +35,7 @@ TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
   };
   auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
   comm::HostComm comm(*bootstrap[0], milliseconds(30000));
-  HostBackend backend({&comm});
-  RuntimeConfig config;
-  config.depth = GetParam();
+  HostBackend backend(std::vector<comm::HostComm*>(last_group + 1, &comm));
   Runtime runtime(backend, config);
   std::vector<std::vector<float>> shards, main_grads;
   std::vector<WeightId> ids;
@@ -49,6 +49,7 @@ TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
     desc.rows = layers[l].rows;
     desc.cols = layers[l].cols;
     desc.wire = layers[l].wire;
+    desc.group = l + 1 == layers.size() ? last_group : 0;
     desc.main_grad = main_grads.back().data();
     ids.push_back(runtime.register_weight(desc));
   }
@@ -78,8 +79,33 @@ TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
   EXPECT_EQ(runtime.stats().chain_mismatches, 0) << runtime.stats().last_mismatch;
 }
 
+class SteadyState : public ::testing::TestWithParam<int> {};
+
+TEST_P(SteadyState, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
+  RuntimeConfig config;
+  config.depth = GetParam();
+  expect_steady_state(config, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Depths, SteadyState, ::testing::Values(0, 1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) { return "depth" + std::to_string(info.param); });
+
+
+// Two groups with their own depths (the last layer in group 1): the same precondition per group.
+class SteadyStatePerGroup : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(SteadyStatePerGroup, StepsAfterTheFirstTwoRepeatAddressesAndAllocateNothing) {
+  RuntimeConfig config;
+  config.groups = {{GetParam().first, 0, "dense"}, {GetParam().second, 0, "experts"}};
+  expect_steady_state(config, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, SteadyStatePerGroup,
+                         ::testing::Values(std::pair{2, 0}, std::pair{0, 2}, std::pair{1, 3}, std::pair{3, 1}),
+                         [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
+                           return "dense" + std::to_string(info.param.first) + "_expert" +
+                                  std::to_string(info.param.second);
+                         });
 
 }  // namespace
 }  // namespace gtp::remat

@@ -86,38 +86,26 @@ gtp::kernels::WireSpec wire_spec_of(const gtp::topology::GroupSettings& settings
   return spec;
 }
 
-// Precedence (docs/c-abi.md): a config value other than GTP_FROM_PROFILE wins; GTP_FROM_PROFILE takes
-// the profile's gtp_remat group setting, and expt_gtp_remat's when the profile mentions that group. The
-// runtime prefetches one chain at one depth and has one cache, so those groups must agree on the depth,
-// and the budget is the sum of their budgets (0, no limit, if any is 0).
-int depth_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+// Precedence (docs/c-abi.md): a config value other than GTP_FROM_PROFILE sets every group; with
+// GTP_FROM_PROFILE each group takes its own profile group's setting (the defaults when the profile
+// does not mention the group). The runtime prefetches and budgets each group on its own.
+int depth_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile, const char* group) {
   if (config.prefetch_depth != GTP_FROM_PROFILE) {
     require(config.prefetch_depth >= 0 && config.prefetch_depth <= gtp::remat::kMaxDepth,
             "prefetch_depth is " + std::to_string(config.prefetch_depth) + "; give 0.." +
-                std::to_string(gtp::remat::kMaxDepth) + " or GTP_FROM_PROFILE");
+                std::to_string(gtp::remat::kMaxDepth) + " or GTP_FROM_PROFILE (a value here sets every group)");
     return config.prefetch_depth;
   }
-  const int dense = profile.group(kDenseGroup).prefetch_depth;
-  if (profile.groups.count(kExpertGroup) != 0) {
-    const int expert = profile.group(kExpertGroup).prefetch_depth;
-    require(expert == dense, "/groups/expt_gtp_remat/prefetch_depth is " + std::to_string(expert) +
-                                 " but /groups/gtp_remat/prefetch_depth is " + std::to_string(dense) +
-                                 ": the runtime prefetches one chain at one depth; set both to the same value "
-                                 "(or set gtp_context_config_t.prefetch_depth)");
-  }
-  return dense;
+  return profile.group(group).prefetch_depth;  // the profile's reader checked the range, naming the group
 }
 
-std::int64_t budget_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile) {
+std::int64_t budget_for(const gtp_context_config_t& config, const gtp::topology::Profile& profile, const char* group) {
   if (config.memory_budget_bytes != GTP_FROM_PROFILE) {
     require(config.memory_budget_bytes >= 0, "memory_budget_bytes is " + std::to_string(config.memory_budget_bytes) +
-                                                 "; give 0 (no limit), a byte count or GTP_FROM_PROFILE");
+                                                 "; give 0 (no limit), a byte count or GTP_FROM_PROFILE (a value here is each group's budget)");
     return config.memory_budget_bytes;
   }
-  const std::int64_t dense = profile.group(kDenseGroup).memory_budget_bytes;
-  if (profile.groups.count(kExpertGroup) == 0) return dense;
-  const std::int64_t expert = profile.group(kExpertGroup).memory_budget_bytes;
-  return dense == 0 || expert == 0 ? 0 : dense + expert;
+  return profile.group(group).memory_budget_bytes;
 }
 
 // Priority classes of the profile onto the device's range (a lower number runs first).
@@ -259,8 +247,9 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   ctx->group_wire[GTP_GROUP_EXPERT_GTP_REMAT] = wire_spec_of(profile.group(kExpertGroup));
 
   gtp::remat::RuntimeConfig runtime;
-  runtime.depth = depth_for(*config, profile);
-  runtime.cache.budget_bytes = budget_for(*config, profile);
+  for (const char* group : {kDenseGroup, kExpertGroup}) {  // indexed by gtp_group_t, as the backend's groups
+    runtime.groups.push_back({depth_for(*config, profile, group), budget_for(*config, profile, group), group});
+  }
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
   runtime.trace_spans = config->trace_spans;
 

@@ -1,7 +1,8 @@
 // A whole training step made only of C ABI calls, captured into a CUDA graph and replayed, as a
 // framework that uses CUDA graphs drives libgtp: a GTP_BACKEND_CUDA context on a size-1 NCCL group
 // (G = 1), four weights of different shapes on the BF16, FP8, MXFP8 and NVFP4 wires, prefetch depth 1
-// and 2. Two eager warm-up steps record the chains; then the step (forward materialize -> "GEMM" ->
+// and 2, and per-group depths from a profile (MXFP8 and NVFP4 in the expert group; expert depth 0
+// gathers those on demand inside the graph). Two eager warm-up steps record the chains; then the step (forward materialize -> "GEMM" ->
 // release per layer, backward materialize (GEMM-ready views for FP8 and MXFP8) -> grad_buffer ->
 // "wgrad" -> release -> finalize, drain) is captured on a non-default stream and replayed, with new
 // shards re-packed eagerly between replays. The "GEMM" copies the materialized bytes into check
@@ -168,23 +169,46 @@ void count_grad_ready(void* user, gtp_weight_t w) {  // a CUDA host thread under
 }
 constexpr int kMaxWeightId = 64;
 
+// The context's prefetch depths: one for both groups from the config, or (different values) each
+// group its own from the profile, with the MXFP8 and NVFP4 layers registered in the expert group.
+struct Depths {
+  int dense, expert;
+  bool per_group() const { return dense != expert; }
+  int group_of(int layer) const { return per_group() && layer >= 2 ? GTP_GROUP_EXPERT_GTP_REMAT : GTP_GROUP_GTP_REMAT; }
+  // Materializations per step gathered on demand: each layer twice, in a group of depth 0.
+  int64_t on_demand_per_step() const {
+    int64_t n = 0;
+    for (int i = 0; i < static_cast<int>(layers().size()); ++i) n += (group_of(i) == GTP_GROUP_GTP_REMAT ? dense : expert) == 0 ? 2 : 0;
+    return n;
+  }
+};
+
 // One rank's model through the C ABI on the CUDA backend.
 class Model {
  public:
-  explicit Model(int depth) {
+  explicit Model(const Depths& depths) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     group_ = gtp::comm::ThreadBootstrap::create_group(1, gtp::cabi_test::kTimeout);
     callbacks_ = gtp::cabi_test::callbacks_for(*group_[0]);
     gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
     config.callbacks = &callbacks_;
     config.backend = GTP_BACKEND_CUDA;
-    config.prefetch_depth = depth;
+    if (depths.per_group()) {
+      profile_ = gtp::cabi_test::profile_with(1, {{"tensor_parallel_num_weight_shards", 1}},
+                                              {{"gtp_remat", {{"prefetch_depth", depths.dense}}},
+                                               {"expt_gtp_remat", {{"prefetch_depth", depths.expert}}}});
+      config.profile_json = profile_.c_str();
+      config.prefetch_depth = GTP_FROM_PROFILE;
+    } else {
+      config.prefetch_depth = depths.dense;
+    }
     config.memory_budget_bytes = 0;
     config.grad_ready = count_grad_ready;
     config.grad_ready_user_data = grads_ready_;
     EXPECT_EQ(gtp_context_create(&config, &ctx_), GTP_SUCCESS) << gtp_last_error(nullptr);
     if (ctx_ == nullptr) return;
     for (const Layer& l : layers()) {
+      const int layer = static_cast<int>(shards_.size());
       shards_.push_back(device(source_bytes(l)));
       main_grads_.push_back(static_cast<float*>(device(elements(l) * 4)));
       EXPECT_EQ(cudaMemset(main_grads_.back(), 0, elements(l) * 4), cudaSuccess);
@@ -204,6 +228,7 @@ class Model {
       desc.rows = l.rows;
       desc.cols = l.cols;
       desc.wire = l.wire;
+      desc.group = static_cast<gtp_group_t>(depths.group_of(layer));
       desc.main_grad = main_grads_.back();
       gtp_weight_t w{};
       EXPECT_EQ(gtp_weight_register(ctx_, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx_);
@@ -392,6 +417,7 @@ class Model {
   gtp_bootstrap_callbacks_t callbacks_{};
   gtp_context_t* ctx_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  std::string profile_;
   std::atomic<int> grads_ready_[kMaxWeightId] = {};
   std::vector<void*> owned_;
   std::vector<void*> shards_, forward_check_;
@@ -438,16 +464,18 @@ struct Graph {
   }
 };
 
-class CAbiCudaGraph : public ::testing::TestWithParam<int> {};
+class CAbiCudaGraph : public ::testing::TestWithParam<Depths> {};
 
 TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   CUDA_OK(cudaSetDevice(0));
-  Model model(GetParam());
+  const Depths depths = GetParam();
+  Model model(depths);
   ASSERT_NE(model.ctx(), nullptr);
   gtp_context_t* ctx = model.ctx();
   const int64_t per_step = 2 * static_cast<int64_t>(layers().size());  // materializations per step
+  const int64_t on_demand = depths.on_demand_per_step(), prefetched = per_step - on_demand;
   const int n = static_cast<int>(layers().size());
 
   std::vector<const void*> warm_addresses;
@@ -457,11 +485,15 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
     ASSERT_NO_FATAL_FAILURE(model.verify(step));
   }
   for (int i = 0; i < n; ++i) EXPECT_EQ(model.grads_ready(i), kWarmup) << layers()[i].name;
-  // Recording step: every gather exposed; the next step: every materialize a prefetch hit.
+  // Recording step: every gather exposed; the next step: every materialize a prefetch hit (except
+  // those of a group of depth 0).
   const Counts warm = counts_of(ctx);
   EXPECT_EQ(warm.calls, kWarmup * per_step);
-  EXPECT_EQ(warm.exposed, per_step) << "only the recording step gathers on demand";
-  EXPECT_EQ(warm.hits, (kWarmup - 1) * per_step);
+  EXPECT_EQ(warm.exposed, per_step + (kWarmup - 1) * on_demand) << "only the recording step gathers on demand";
+  EXPECT_EQ(warm.hits, (kWarmup - 1) * prefetched);
+  const nlohmann::json groups = stats_of(ctx).at("groups");
+  EXPECT_EQ(groups.at(GTP_GROUP_GTP_REMAT).at("depth").get<int>(), depths.dense) << groups;
+  EXPECT_EQ(groups.at(GTP_GROUP_EXPERT_GTP_REMAT).at("depth").get<int>(), depths.expert) << groups;
 
   // Capture, after the previous work completed (waits on it are dropped inside the capture).
   ASSERT_NO_FATAL_FAILURE(model.prepare(kWarmup));
@@ -477,8 +509,8 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   const Counts captured = counts_of(ctx);
   EXPECT_EQ(captured.allocations, warm.allocations) << "allocated during capture";
   EXPECT_EQ(captured.calls - warm.calls, per_step) << "the capture counts one step";
-  EXPECT_EQ(captured.hits - warm.hits, per_step) << "the captured step is all prefetch hits";
-  EXPECT_EQ(captured.exposed, warm.exposed);
+  EXPECT_EQ(captured.hits - warm.hits, prefetched) << "the captured step is all prefetch hits (but depth 0's)";
+  EXPECT_EQ(captured.exposed - warm.exposed, on_demand);
   EXPECT_EQ(captured.reduce_scatters, (kWarmup + 1) * n);
   EXPECT_EQ(captured.grads_ready, (kWarmup + 1) * n);
 
@@ -499,6 +531,7 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   EXPECT_EQ(replayed.allocations, warm.allocations) << "allocated during replay or the re-packs between replays";
   EXPECT_EQ(replayed.calls, captured.calls);
   EXPECT_EQ(replayed.hits, captured.hits);
+  EXPECT_EQ(replayed.exposed, captured.exposed);
   EXPECT_EQ(replayed.reduce_scatters, captured.reduce_scatters);
   EXPECT_EQ(replayed.grads_ready, captured.grads_ready);
 
@@ -507,13 +540,17 @@ TEST_P(CAbiCudaGraph, CapturedStepOfCAbiCallsReplaysBitExact) {
   EXPECT_EQ(model.step(/*capturing=*/false), warm_addresses);
   ASSERT_NO_FATAL_FAILURE(model.verify(kWarmup + kReplays));
   const Counts after = counts_of(ctx);
-  EXPECT_EQ(after.hits - replayed.hits, per_step);
-  EXPECT_EQ(after.exposed, warm.exposed);
+  EXPECT_EQ(after.hits - replayed.hits, prefetched);
+  EXPECT_EQ(after.exposed - replayed.exposed, on_demand);
   EXPECT_EQ(after.allocations, warm.allocations);
   for (int i = 0; i < n; ++i) EXPECT_EQ(model.grads_ready(i), kWarmup + kReplays + 1) << layers()[i].name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Depths, CAbiCudaGraph, ::testing::Values(1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) { return "depth" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Depths, CAbiCudaGraph, ::testing::Values(Depths{1, 1}, Depths{2, 2}, Depths{2, 1}, Depths{2, 0}),
+                         [](const ::testing::TestParamInfo<Depths>& info) {
+                           const Depths d = info.param;
+                           return d.per_group() ? "dense" + std::to_string(d.dense) + "_expert" + std::to_string(d.expert)
+                                                : "depth" + std::to_string(d.dense);
+                         });
 
 }  // namespace

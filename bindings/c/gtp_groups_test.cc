@@ -120,8 +120,9 @@ TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
     ASSERT_EQ(gtp_release(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
 
     const nlohmann::json stats = stats_of(ctx);
-    // Both groups mentioned: the shared cache's budget is the sum of theirs.
-    EXPECT_EQ(stats.at("cache").at("budget_bytes").get<int64_t>(), 3 << 20) << stats;
+    // Each group has its own budget from its own profile group.
+    EXPECT_EQ(stats.at("groups").at(GTP_GROUP_GTP_REMAT).at("budget_bytes").get<int64_t>(), 1 << 20) << stats;
+    EXPECT_EQ(stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT).at("budget_bytes").get<int64_t>(), 2 << 20) << stats;
     const nlohmann::json& weights = stats.at("weights");
     ASSERT_EQ(weights.size(), 3u);
     EXPECT_EQ(weights[1].at("gathered_bytes"), weights[2].at("gathered_bytes")) << stats;
@@ -221,12 +222,89 @@ TEST(CAbiGroups, FromGroupTakesTheGroupsBlockShapeAndRounding) {
   }
 }
 
+// World 2, G = EG = 2: two dense and two expert weights, interleaved forward and backward for three
+// steps, each group prefetching at its own profile depth (once refused: the runtime had one depth).
+// Every weight is the same 40 x 32 BF16, so every key fills one 2 x 32-row slot of 4 KiB.
+void train_two_groups(const std::string& profile, int32_t config_depth, int dense_depth, int expert_depth,
+                      int64_t dense_budget, int64_t expert_budget) {
+  SCOPED_TRACE("dense depth " + std::to_string(dense_depth) + ", expert depth " + std::to_string(expert_depth));
+  constexpr int kSteps = 3;
+  constexpr int64_t kKeyBytes = 2 * 32 * kCols * 2;
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, config_depth);
+    ASSERT_NE(ctx, nullptr);
+    const int64_t first = rank * 32, valid = std::min<int64_t>(32, kRows - first);
+    std::vector<std::vector<uint16_t>> shards(4, std::vector<uint16_t>(32 * kCols));
+    gtp_weight_t ws[4];
+    for (int k = 0; k < 4; ++k) {  // weights 0, 1 dense; 2, 3 experts
+      for (int64_t r = 0; r < valid; ++r)
+        for (int64_t c = 0; c < kCols; ++c) shards[k][r * kCols + c] = element(7, k, first + r, c);
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      const std::string name = (k < 2 ? "dense" : "expert") + std::to_string(k);
+      desc.name = name.c_str();
+      desc.shard = shards[k].data();
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.group = k < 2 ? GTP_GROUP_GTP_REMAT : GTP_GROUP_EXPERT_GTP_REMAT;
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 4, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    auto use = [&](int k, gtp_phase_t phase) {
+      void* ptr = nullptr;
+      size_t count = 0;
+      ASSERT_EQ(gtp_materialize(ctx, &ws[k], 1, phase, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
+          << gtp_last_error(ctx);
+      const auto* full = static_cast<const uint16_t*>(ptr);
+      for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(full[i], element(7, k, i / kCols, i % kCols)) << k << " " << i;
+      ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    };
+    for (int step = 0; step < kSteps; ++step) {
+      for (int k : {0, 2, 1, 3}) use(k, GTP_PHASE_FORWARD);
+      for (int k : {3, 1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
+      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    const nlohmann::json stats = stats_of(ctx);
+    const int depths[2] = {dense_depth, expert_depth};
+    const int64_t budgets[2] = {dense_budget, expert_budget};
+    for (int g : {GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}) {
+      const nlohmann::json& group = stats.at("groups").at(g);
+      EXPECT_EQ(group.at("depth").get<int>(), depths[g]) << stats;
+      EXPECT_EQ(group.at("budget_bytes").get<int64_t>(), budgets[g]) << stats;
+      EXPECT_EQ(group.at("budget_waits").get<int64_t>(), 0) << stats;
+      EXPECT_EQ(group.at("materializations").get<int64_t>(), 4 * kSteps) << stats;
+      // Four consumes of the group a step: the recording step's on demand, then all prefetched (or,
+      // at depth 0, all on demand while the other group prefetches).
+      EXPECT_EQ(group.at("exposed_gathers").get<int64_t>(), depths[g] > 0 ? 4 : 4 * kSteps) << stats;
+      EXPECT_EQ(group.at("prefetch_hits").get<int64_t>(), depths[g] > 0 ? 4 * (kSteps - 1) : 0) << stats;
+      EXPECT_EQ(group.at("slots").get<int64_t>(), std::min(depths[g], 4) + 1) << stats;
+      EXPECT_LE(group.at("peak_bytes").get<int64_t>(), (depths[g] + 1) * kKeyBytes) << stats;
+      EXPECT_EQ(group.at("slot_bytes").get<int64_t>(), (std::min(depths[g], 4) + 1) * kKeyBytes) << stats;
+    }
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
+TEST(CAbiGroups, EachGroupTakesItsOwnDepthAndBudgetFromTheProfile) {
+  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2},
+                                   {"expert_tensor_parallel_num_weight_shards", 2}};
+  const std::string dense2_expert0 =
+      profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 2}, {"memory_budget", "1MiB"}}},
+                                 {"expt_gtp_remat", {{"prefetch_depth", 0}, {"memory_budget", "2MiB"}}}});
+  train_two_groups(dense2_expert0, GTP_FROM_PROFILE, 2, 0, 1 << 20, 2 << 20);
+  const std::string dense1_expert3 = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 1}}},
+                                                                {"expt_gtp_remat", {{"prefetch_depth", 3}}}});
+  train_two_groups(dense1_expert3, GTP_FROM_PROFILE, 1, 3, 0, 0);
+  // An explicit config depth sets both groups; the budgets stay each group's own.
+  train_two_groups(dense2_expert0, 1, 1, 1, 1 << 20, 2 << 20);
+}
+
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, gtp::cabi_test::kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);
   const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2}};
-  const std::string depths = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 2}}},
-                                                        {"expt_gtp_remat", {{"prefetch_depth", 3}}}});
+  const std::string negative_depth = profile_with(2, parallel, {{"expt_gtp_remat", {{"prefetch_depth", -1}}}});
+  const std::string deep = profile_with(2, parallel, {{"expt_gtp_remat", {{"prefetch_depth", 65}}}});
+  const std::string negative_budget = profile_with(2, parallel, {{"expt_gtp_remat", {{"memory_budget", -4096}}}});
   const std::string wire = profile_with(2, parallel, {{"gtp_remat", {{"wire_format", "fp16"}}}});
   const std::string key = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_dept", 2}}}});
   const std::string budget = profile_with(2, parallel, {{"gtp_remat", {{"memory_budget", "lots"}}}});
@@ -239,8 +317,12 @@ TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
     config.prefetch_depth = depth;
     return gtp_context_create(&config, &out);
   };
-  EXPECT_GTP_ERROR(attempt(depths), GTP_ERROR_INVALID_ARGUMENT, nullptr,
-                   "/groups/expt_gtp_remat/prefetch_depth is 3 but /groups/gtp_remat/prefetch_depth is 2");
+  EXPECT_GTP_ERROR(attempt(negative_depth), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "/groups/expt_gtp_remat/prefetch_depth: value -1 is out of range: use 0..64");
+  EXPECT_GTP_ERROR(attempt(deep), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "/groups/expt_gtp_remat/prefetch_depth: value 65 is out of range: use 0..64");
+  EXPECT_GTP_ERROR(attempt(negative_budget), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "/groups/expt_gtp_remat/memory_budget: value -4096 is out of range: use 0..");
   EXPECT_GTP_ERROR(attempt(wire), GTP_ERROR_INVALID_ARGUMENT, nullptr, "/groups/gtp_remat/wire_format");
   EXPECT_GTP_ERROR(attempt(key), GTP_ERROR_INVALID_ARGUMENT, nullptr, "did you mean 'prefetch_depth'");
   EXPECT_GTP_ERROR(attempt(budget), GTP_ERROR_INVALID_ARGUMENT, nullptr, "memory_budget");

@@ -52,7 +52,7 @@ struct Grid {
   int world, tp, g, dp;
   nlohmann::json groups;                 // the profile's "groups" section, or null
   int32_t config_depth;                  // gtp_context_config_t.prefetch_depth
-  int expected_depth;
+  int expected_depth;                    // of gtp_remat
   int64_t expected_budget;
 };
 
@@ -130,8 +130,15 @@ inline void train_rank(gtp_context_t* ctx, int rank, const Grid& grid) {
     }
   }
   const nlohmann::json stats = stats_of(ctx);
-  EXPECT_EQ(stats.at("depth").get<int>(), grid.expected_depth) << stats;
-  EXPECT_EQ(stats.at("cache").at("budget_bytes").get<int64_t>(), grid.expected_budget) << stats;
+  const nlohmann::json& dense = stats.at("groups").at(GTP_GROUP_GTP_REMAT);
+  EXPECT_EQ(dense.at("name"), "gtp_remat") << stats;
+  EXPECT_EQ(dense.at("depth").get<int>(), grid.expected_depth) << stats;
+  EXPECT_EQ(dense.at("budget_bytes").get<int64_t>(), grid.expected_budget) << stats;
+  // The expert group (no expert weights here): the config's depth when it sets one, else its own
+  // profile group's (the default 1 when the profile does not mention expt_gtp_remat).
+  const nlohmann::json& expert = stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT);
+  EXPECT_EQ(expert.at("name"), "expt_gtp_remat") << stats;
+  EXPECT_EQ(expert.at("depth").get<int>(), grid.config_depth != GTP_FROM_PROFILE ? grid.config_depth : 1) << stats;
   const int64_t hits = stats.at("materialize").at("prefetch_hits").get<int64_t>();
   if (grid.expected_depth > 0) {
     EXPECT_GT(hits, 0) << stats;

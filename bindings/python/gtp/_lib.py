@@ -16,7 +16,7 @@ ERROR_CUDA = 5
 ERROR_VERSION = 6
 ERROR_INTERNAL = 7
 
-# prefetch_depth / memory_budget_bytes: the profile's group setting (its default without a profile)
+# prefetch_depth / memory_budget_bytes: each group's own profile setting (its default without a profile)
 FROM_PROFILE = -1
 
 # gtp_bootstrap_kind_t, gtp_backend_t, gtp_dtype_t, gtp_wire_t, gtp_group_t, gtp_phase_t, gtp_layout_t

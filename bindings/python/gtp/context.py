@@ -168,7 +168,8 @@ class Context:
     environment gtp-launch sets (GTP_RANK, GTP_WORLD_SIZE, GTP_ROOT_ADDR).
     grad_ready: optional callable(weight) run after a weight's main-grad add (inside finalize or drain);
     host backend only (ValueError with backend="cuda").
-    prefetch_depth, memory_budget_bytes: None takes the profile's group settings (GTP_FROM_PROFILE).
+    prefetch_depth, memory_budget_bytes: None takes each group's own profile settings (GTP_FROM_PROFILE);
+    a number sets every group (the budget is each group's).
     backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
     Use it as a context manager, or call close() (collective) at the end.
     """

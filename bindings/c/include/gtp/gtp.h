@@ -47,8 +47,8 @@ typedef enum { GTP_BOOTSTRAP_CALLBACKS = 0, GTP_BOOTSTRAP_UCX_FROM_ENV = 1 } gtp
  * (cudaSetDevice first; CUDA's default is device 0). */
 typedef enum { GTP_BACKEND_HOST = 0, GTP_BACKEND_CUDA = 1 } gtp_backend_t;
 
-/* prefetch_depth / memory_budget_bytes: take the value of the profile's group settings (or their
- * defaults without a profile). */
+/* prefetch_depth / memory_budget_bytes: each group (gtp_remat, expt_gtp_remat) takes its own profile
+ * group's setting (or the defaults without a profile). */
 #define GTP_FROM_PROFILE (-1)
 
 /* A registered weight: its id and the generation of the context that issued it. */
@@ -69,8 +69,8 @@ typedef struct {
   gtp_backend_t backend;
   const char* profile_json;            /* profile text, or NULL */
   const char* profile_path;            /* profile file, or NULL; at most one of the two */
-  int32_t prefetch_depth;              /* chain entries gathered ahead, 0..64, or GTP_FROM_PROFILE */
-  int64_t memory_budget_bytes;         /* cache budget, 0: unlimited, or GTP_FROM_PROFILE */
+  int32_t prefetch_depth;              /* keys gathered ahead per group, 0..64 (every group), or GTP_FROM_PROFILE */
+  int64_t memory_budget_bytes;         /* each group's cache budget, 0: unlimited, or GTP_FROM_PROFILE */
   int32_t accumulate_microbatches;     /* nonzero: reduce wgrads once per step */
   size_t trace_spans;                  /* spans kept for gtp_trace_json, 0: none */
   gtp_grad_ready_fn grad_ready;        /* optional: called after a weight's main-grad add */

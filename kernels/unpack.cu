@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_kernels.h"
 #include "kernels/internal/device_io.cuh"
+#include "kernels/transpose.h"
 
 namespace gtp::kernels {
 namespace {
@@ -22,6 +23,14 @@ struct Chunks {
   int64_t scales_offset;
   int64_t scalars_offset;
   __device__ const uint8_t* chunk_of(int64_t r) const { return base + (r / shard_rows) * chunk_bytes; }
+  // Row r's code row, for formats whose shards are whole 16-row bands (FP8, NVFP4): the chunk by a
+  // 32-bit division of band numbers, far cheaper than the 64-bit division of row numbers, which
+  // the tile kernels would pay on every row they load (exact below 2^36 rows).
+  __device__ const uint8_t* code_row_by_band(int64_t r, int64_t row_bytes) const {
+    const uint32_t band = static_cast<uint32_t>(r >> 4), shard_bands = static_cast<uint32_t>(shard_rows >> 4);
+    const uint32_t chunk = band / shard_bands;
+    return base + chunk * chunk_bytes + (r - int64_t{chunk} * shard_rows) * row_bytes;
+  }
   __device__ float decode_scale(const uint8_t* chunk) const {
     // Chunks are read-only for the whole kernel: every read takes the non-coherent path.
     return __ldg(reinterpret_cast<const float*>(chunk + scalars_offset + kDecodeScale * sizeof(float)));
@@ -176,37 +185,59 @@ __global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* 
     decode_scales[g] = in.decode_scale(in.base + g * in.chunk_bytes);
 }
 
-// FP8 GEMM layout with the transpose: 64x64-byte tiles, copied row-major and transposed through
-// shared memory so both outputs are written with 16-byte stores.
-__global__ void unpack_fp8_gemm_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
-                                       uint8_t* data_t) {
-  __shared__ __align__(16) uint8_t tile[64][80];  // 16 bytes of row padding spreads the banks
-  const int64_t tiles_c = (in.cols + 63) / 64;
-  const int64_t tile_r0 = (blockIdx.x / tiles_c) * 64, tile_c0 = (blockIdx.x % tiles_c) * 64;
-  const int row = threadIdx.x / 4, segment = threadIdx.x % 4;
-  const int64_t r = tile_r0 + row, c = tile_c0 + segment * 16;
-  if (r < gemm_rows && c < in.cols) {
-    const uint4 v = __ldg(
-        reinterpret_cast<const uint4*>(in.chunk_of(r) + (r % in.shard_rows) * in.cols + c));
-    *reinterpret_cast<uint4*>(data + r * in.cols + c) = v;
-    *reinterpret_cast<uint4*>(&tile[row][segment * 16]) = v;
+// FP8 GEMM layout with the transpose. A block takes a tile of 128 rows x 128 columns: 8 threads
+// a row load 16 bytes each and store them to `data` and to shared memory; then each thread reads a
+// 16-row x 4-column piece as 16 words, transposes it in registers (four 4x4 byte transposes) and
+// writes four 16-byte runs of transposed rows, a warp covering 128 contiguous bytes of each of 4
+// transposed rows. Shared memory holds the tile row-major with each row's 16-byte groups XORed by
+// the row's 16-row group, so both the row stores and the column reads are free of bank conflicts
+// (the byte-wise 64x64 tile this replaces read with 4-way conflicts: ~70 % of copy, perf-notes v18).
+constexpr int kFp8TileRows = 128, kFp8TileCols = 128;
+
+__global__ void __launch_bounds__(kThreads)
+    unpack_fp8_gemm_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* data_t) {
+  static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
+  __shared__ uint4 tile[kFp8TileRows][kFp8TileCols / 16];
+  const int64_t tiles_c = (in.cols + kFp8TileCols - 1) / kFp8TileCols;
+  const int64_t tile_r0 = (blockIdx.x / tiles_c) * kFp8TileRows;
+  const int64_t tile_c0 = (blockIdx.x % tiles_c) * kFp8TileCols;
+  const int group = threadIdx.x % 8;  // this thread's 16-byte group of a row
+  const int64_t c = tile_c0 + group * 16;
+  constexpr int kPasses = kFp8TileRows / (kThreads / 8);
+  uint4 v[kPasses];
+#pragma unroll
+  for (int u = 0; u < kPasses; ++u) {  // all loads in flight before the first store
+    const int64_t r = tile_r0 + u * (kThreads / 8) + threadIdx.x / 8;
+    if (r < gemm_rows && c < in.cols)
+      v[u] = __ldg(reinterpret_cast<const uint4*>(in.code_row_by_band(r, in.cols) + c));
+  }
+#pragma unroll
+  for (int u = 0; u < kPasses; ++u) {
+    const int row = u * (kThreads / 8) + threadIdx.x / 8;
+    const int64_t r = tile_r0 + row;
+    if (r < gemm_rows && c < in.cols) {
+      *reinterpret_cast<uint4*>(data + r * in.cols + c) = v[u];
+      tile[row][group ^ (row / 16)] = v[u];
+    }
   }
   __syncthreads();
-  // Thread -> (output row = weight column, 16 consecutive weight rows).
-  const int col = threadIdx.x / 4;
-  const int64_t tc = tile_c0 + col, tr = tile_r0 + segment * 16;
-  if (tc < in.cols && tr < gemm_rows) {
-    uint32_t words[4];
+  // gemm_rows and cols are multiples of 16, so a piece is wholly inside the weight or outside.
+  const int band = threadIdx.x % 8, word = threadIdx.x / 8;  // 16-row band, 4-column word
+  const int64_t r0 = tile_r0 + 16 * band, c0 = tile_c0 + 4 * word;
+  if (r0 >= gemm_rows || c0 >= in.cols) return;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
+  const int physical_word = ((word / 4) ^ band) * 4 + word % 4;  // the swizzle of the stores
+  uint32_t m[4][4];  // m[q][i]: row 16 * band + 4q + i, columns c0 .. c0 + 3
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      words[w] = 0;
+  for (int q = 0; q < 4; ++q)
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        words[w] |= static_cast<uint32_t>(tile[segment * 16 + w * 4 + k][col]) << (8 * k);
-    }
-    *reinterpret_cast<uint4*>(data_t + tc * gemm_rows + tr) =
-        make_uint4(words[0], words[1], words[2], words[3]);
-  }
+    for (int i = 0; i < 4; ++i) m[q][i] = words[(16 * band + 4 * q + i) * 32 + physical_word];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) transpose::bytes_4x4(m[q]);  // m[q][j]: rows 4q .. 4q+3 of c0 + j
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    *reinterpret_cast<uint4*>(data_t + (c0 + j) * gemm_rows + r0) =
+        make_uint4(m[0][j], m[1][j], m[2][j], m[3][j]);
 }
 
 // FP8 GEMM layout without the transpose: the chunks' code rows copied 16 bytes a thread.
@@ -300,59 +331,77 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
   });
 }
 
-// NVFP4 2D with the exact transpose. A half-warp takes a strip of up to four vertically adjacent
-// 16x16 tiles (64 rows x 16 columns); lane i holds rows i, i+16, i+32, i+48. The nibbles go
-// through shared memory so that lane j then writes column j of the strip as one run of up to 32
-// contiguous bytes of transposed row j (a full sector), not four scattered 8-byte pieces.
-constexpr int kStripTiles = 4;
+// NVFP4 2D with the exact transpose, the FP8 kernel's scheme on nibbles. A block takes a tile of
+// 256 rows x 128 elements (64 code bytes a row): 8 threads a row load one 16-element block (8
+// bytes) each and store it to `data` and to shared memory; then each thread reads a 16-row x
+// 8-column piece as 16 words, transposes it in registers (two 8x8 nibble transposes) and writes
+// eight 8-byte runs, a warp covering 128 contiguous bytes of each of 2 transposed rows. Shared
+// memory lines hold two rows (16 8-byte pieces); a piece's index is XORed with the row's 16-row
+// band, which keeps both the 8-byte stores and the word reads free of bank conflicts (the per-
+// nibble half-warp strips this replaces ran at ~22 % of copy, perf-notes v18). The tile's 16 x 8
+// block scales go to `scales` and, transposed, to `scales_t`.
+constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 128;
 
-__global__ void unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data,
-                                                 uint8_t* scales, uint8_t* data_t,
-                                                 uint8_t* scales_t) {
-  __shared__ uint8_t nibbles[kThreads / 16][kStripTiles * 16][17];
-  const int64_t tiles_per_row = in.cols / 16;
-  const int64_t tile_rows = gemm_rows / 16;
-  const int64_t strips = (tile_rows + kStripTiles - 1) / kStripTiles;
-  const int64_t work = strips * tiles_per_row;
-  const int half_warp = threadIdx.x / 16, lane = threadIdx.x % 16;
-  const unsigned half_mask = 0xffffu << (16 * (half_warp % 2));
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x / 16;
-  // All 16 lanes of a half-warp share the loop bound, so __syncwarp sees them all.
-  for (int64_t item = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 16;
-       item < work; item += stride) {
-    const int64_t strip = item / tiles_per_row, tc = item % tiles_per_row;
-    const int64_t tr0 = strip * kStripTiles;
-    const int tiles = static_cast<int>(tile_rows - tr0 < kStripTiles ? tile_rows - tr0 : kStripTiles);
-    const int64_t c = tc * 16;
-    for (int t = 0; t < tiles; ++t) {
-      const int64_t r = (tr0 + t) * 16 + lane;
-      const uint8_t* chunk = in.chunk_of(r);
-      const int64_t local = r % in.shard_rows;
-      const uint2 codes = __ldg(reinterpret_cast<const uint2*>(chunk + (local * in.cols + c) / 2));
-      *reinterpret_cast<uint2*>(data + (r * in.cols + c) / 2) = codes;
-      if (lane == 0) {
-        const uint8_t s = __ldg(chunk + in.scales_offset + (local / 16) * tiles_per_row + tc);
-        scales[(tr0 + t) * tiles_per_row + tc] = s;
-        scales_t[tc * tile_rows + tr0 + t] = s;
-      }
-      const uint32_t words[2] = {codes.x, codes.y};
+__global__ void __launch_bounds__(kThreads)
+    unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* scales,
+                                     uint8_t* data_t, uint8_t* scales_t) {
+  static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
+  __shared__ uint2 tile[kNvfp4TileRows / 2][16];
+  const int64_t tiles_c = (in.cols + kNvfp4TileCols - 1) / kNvfp4TileCols;
+  const int64_t tile_r0 = (blockIdx.x / tiles_c) * kNvfp4TileRows;
+  const int64_t tile_c0 = (blockIdx.x % tiles_c) * kNvfp4TileCols;
+  const int64_t row_bytes = in.cols / 2, blocks_per_row = in.cols / 16, block_rows = gemm_rows / 16;
+  const int piece = threadIdx.x % 8;  // this thread's 16-element block of a row
+  const int64_t c = tile_c0 + 16 * piece;
+  constexpr int kPasses = kNvfp4TileRows / (kThreads / 8);
+  uint2 v[kPasses];
 #pragma unroll
-      for (int k = 0; k < 16; ++k)
-        nibbles[half_warp][t * 16 + lane][k] =
-            static_cast<uint8_t>((words[k / 8] >> (4 * (k % 8))) & 0xf);
-    }
-    __syncwarp(half_mask);
-    // Column `lane` of the strip: 16 rows per tile, two nibbles a byte, 8 bytes a tile.
-    uint2* out = reinterpret_cast<uint2*>(data_t + (c + lane) * (gemm_rows / 2) + tr0 * 8);
-    for (int t = 0; t < tiles; ++t) {
-      uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-      for (int k = 0; k < 16; ++k)
-        packed[k / 8] |= static_cast<uint32_t>(nibbles[half_warp][t * 16 + k][lane]) << (4 * (k % 8));
-      out[t] = make_uint2(packed[0], packed[1]);
-    }
-    __syncwarp(half_mask);
+  for (int u = 0; u < kPasses; ++u) {  // all loads in flight before the first store
+    const int64_t r = tile_r0 + u * (kThreads / 8) + threadIdx.x / 8;
+    if (r < gemm_rows && c < in.cols)
+      v[u] = __ldg(reinterpret_cast<const uint2*>(in.code_row_by_band(r, row_bytes) + c / 2));
   }
+  // Threads 0..127 carry the tile's scales: band threadIdx.x / 8, block column `piece`.
+  const int64_t scale_r = tile_r0 + 16 * (threadIdx.x / 8);
+  const bool has_scale = threadIdx.x < 128 && scale_r < gemm_rows && c < in.cols;
+  uint8_t scale = 0;
+  if (has_scale) {
+    const int64_t local_band = (scale_r % in.shard_rows) / 16;
+    scale = __ldg(in.chunk_of(scale_r) + in.scales_offset + local_band * blocks_per_row + c / 16);
+  }
+#pragma unroll
+  for (int u = 0; u < kPasses; ++u) {
+    const int row = u * (kThreads / 8) + threadIdx.x / 8;
+    const int64_t r = tile_r0 + row;
+    if (r < gemm_rows && c < in.cols) {
+      *reinterpret_cast<uint2*>(data + r * row_bytes + c / 2) = v[u];
+      tile[row / 2][((row % 2) * 8 + piece) ^ (row / 16)] = v[u];
+    }
+  }
+  if (has_scale) {
+    scales[(scale_r / 16) * blocks_per_row + c / 16] = scale;
+    scales_t[(c / 16) * block_rows + scale_r / 16] = scale;
+  }
+  __syncthreads();
+  // gemm_rows and cols are multiples of 16, so a piece is wholly inside the weight or outside.
+  const int band = threadIdx.x % 16, word = threadIdx.x / 16;  // 16-row band, 8-column word
+  const int64_t r0 = tile_r0 + 16 * band, c0 = tile_c0 + 8 * word;
+  if (r0 >= gemm_rows || c0 >= in.cols) return;
+  const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
+  uint32_t m[2][8];  // m[h][i]: row 16 * band + 8h + i, columns c0 .. c0 + 7
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int row = 16 * band + 8 * h + i;  // the swizzle of the stores, in words
+      m[h][i] = words[(row / 2) * 32 + (((row % 2) * 16 + word) ^ (2 * band))];
+    }
+  transpose::nibbles_8x8(m[0]);  // m[h][j]: rows 8h .. 8h+7 of column c0 + j
+  transpose::nibbles_8x8(m[1]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    *reinterpret_cast<uint2*>(data_t + (c0 + j) * (gemm_rows / 2) + r0 / 2) =
+        make_uint2(m[0][j], m[1][j]);
 }
 
 Chunks chunks_of(const GatheredChunks& in, const ChunkLayout& l) {
@@ -459,9 +508,10 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
         check_launch("unpack_fp8_gemm_rows_kernel");
         break;
       }
-      const unsigned tiles = static_cast<unsigned>(((rows + 63) / 64) * ((l.cols + 63) / 64));
-      unpack_fp8_gemm_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t);
-      check_launch("unpack_fp8_gemm_kernel");
+      const unsigned tiles = static_cast<unsigned>(((rows + kFp8TileRows - 1) / kFp8TileRows) *
+                                                   ((l.cols + kFp8TileCols - 1) / kFp8TileCols));
+      unpack_fp8_gemm_transpose_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t);
+      check_launch("unpack_fp8_gemm_transpose_kernel");
       break;
     }
     case WireFormat::kMXFP8:
@@ -473,8 +523,10 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
       break;
     case WireFormat::kNVFP4:
       if (data_t != nullptr) {
-        unpack_nvfp4_2d_transpose_kernel<<<grid_for(rows * l.cols / 16 / kStripTiles), kThreads, 0,
-                                           stream>>>(
+        const unsigned tiles =
+            static_cast<unsigned>(((rows + kNvfp4TileRows - 1) / kNvfp4TileRows) *
+                                  ((l.cols + kNvfp4TileCols - 1) / kNvfp4TileCols));
+        unpack_nvfp4_2d_transpose_kernel<<<tiles, kThreads, 0, stream>>>(
             c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {

@@ -226,19 +226,34 @@ TEST_F(CudaKernels, NonFiniteInputsMatchTheReference) {
   }
 }
 
+// Shapes with and without a tail that fills no 16-byte vector (13 x 37, 1 x 5), with NaN and Inf
+// present (skipped by the amax), and the largest magnitude planted in the tail.
 TEST_F(CudaKernels, AmaxMatchesTheReference) {
+  const std::pair<int64_t, int64_t> shapes[] = {{777, 64}, {13, 37}, {1, 5}, {4096, 1024}};
+  std::mt19937_64 seeds(std::random_device{}());
   for (SourceDtype dtype : {SourceDtype::kBF16, SourceDtype::kFP32}) {
-    EdgeCases edges;
-    edges.non_finite = true;
-    const auto w = random_weight(777, 64, std::random_device{}(), edges);
-    AlignedBytes host = shard_bytes(w, 64, 0, 777, dtype);
-    DeviceBuffer d(host.size()), d_amax(4);
-    d.upload(host.data(), host.size());
-    amax_cuda(d.get(), dtype, 777, 64, reinterpret_cast<float*>(d_amax.get()), nullptr);
-    const std::vector<uint8_t> got = d_amax.download(4);
-    float amax;
-    std::memcpy(&amax, got.data(), 4);
-    EXPECT_EQ(amax, amax_reference(host.data(), dtype, 777, 64)) << to_string(dtype);
+    for (const auto& [rows, cols] : shapes) {
+      for (bool largest_in_tail : {false, true}) {
+        EdgeCases edges;
+        edges.non_finite = true;
+        const uint64_t seed = seeds();
+        auto w = random_weight(rows, cols, seed, edges);
+        // Above the planted huge values (3.3e38) in FP32 and after rounding to BF16 (3.376e38).
+        if (largest_in_tail) w.back() = -3.38e38f;
+        AlignedBytes host = shard_bytes(w, cols, 0, rows, dtype);
+        DeviceBuffer d(host.size()), d_amax(4);
+        d.upload(host.data(), host.size());
+        amax_cuda(d.get(), dtype, rows, cols, reinterpret_cast<float*>(d_amax.get()), nullptr);
+        const std::vector<uint8_t> got = d_amax.download(4);
+        float amax;
+        std::memcpy(&amax, got.data(), 4);
+        EXPECT_EQ(amax, amax_reference(host.data(), dtype, rows, cols))
+            << to_string(dtype) << " " << rows << "x" << cols << " seed " << seed;
+        if (largest_in_tail) {
+          EXPECT_GE(amax, 3.37e38f) << to_string(dtype) << " " << rows << "x" << cols;
+        }
+      }
+    }
   }
 }
 

@@ -11,67 +11,41 @@ namespace {
 using namespace device;
 using namespace codec;
 
-// The largest finite |x| of n BF16 or FP32 values (NaN and Inf skipped), as FP32 bits: non-negative
-// floats order like their bit patterns, so the whole reduction is integer max, BF16 two halves per
-// instruction. Each thread has kUnroll 16-byte loads in flight per step, all issued before the
-// first is used (with one at a time the FP8 pack with its own amax ran at 58 % of a copy: v19).
-template <bool kBF16>
-__global__ void amax_kernel(const void* src, int64_t n, float* amax_out) {
-  constexpr int kUnroll = 4;
-  constexpr int64_t kPerVector = kBF16 ? 8 : 4;  // elements in 16 bytes
-  const int64_t vectors = n / kPerVector;
+__global__ void amax_kernel(const void* src, bool bf16, int64_t n, float* amax_out) {
+  float m = 0.0f;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  const auto* in = static_cast<const uint4*>(src);
-  uint32_t best = 0;  // BF16: two packed halves; FP32: one value's bits
-  auto take = [&](uint32_t word) {
-    if (kBF16) {
-      const uint32_t magnitudes = word & 0x7fff7fffu;
-      const uint32_t finite = __vcmpltu2(magnitudes, 0x7f807f80u);  // 0xffff per finite half
-      best = __vmaxu2(best, magnitudes & finite);
-    } else {
-      const uint32_t magnitude = word & 0x7fffffffu;
-      if (magnitude < 0x7f800000u) best = max(best, magnitude);
-    }
-  };
-  for (int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; first < vectors;
-       first += stride * kUnroll) {
-    uint4 v[kUnroll];
+  const int64_t vectors = n / 8;
+  const Source s{src, bf16, 1, n};  // the whole range as one row
+  for (int64_t v = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; v < vectors;
+       v += stride) {
+    float x[8];
+    load8(s, 0, v * 8, x);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-      if (first + u * stride < vectors) v[u] = __ldg(in + first + u * stride);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (first + u * stride >= vectors) break;
-      take(v[u].x), take(v[u].y), take(v[u].z), take(v[u].w);
-    }
+    for (int k = 0; k < 8; ++k)
+      if (is_finite(x[k])) m = max_value(m, abs_value(x[k]));
   }
-  // The tail that does not fill a vector, one element per thread.
-  const int64_t tail = vectors * kPerVector + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (tail < n) {
-    const uint32_t bits = kBF16 ? static_cast<const uint16_t*>(src)[tail]
-                                : static_cast<const uint32_t*>(src)[tail];
-    take(bits);  // a BF16 value in the low half: the high half stays 0
+  // The tail that does not fill a vector.
+  for (int64_t i = vectors * 8 + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < n; i += stride) {
+    const float x = bf16 ? bf16_to_float(static_cast<const uint16_t*>(src)[i])
+                         : static_cast<const float*>(src)[i];
+    if (is_finite(x)) m = max_value(m, abs_value(x));
   }
-  uint32_t m = kBF16 ? max(best << 16, best & 0xffff0000u) : best;
-  for (int offset = 16; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(~0u, m, offset));
-  __shared__ uint32_t warp_max[kThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) m = max_value(m, __shfl_xor_sync(~0u, m, offset));
+  __shared__ float warp_max[kThreads / 32];
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int w = 1; w < blockDim.x / 32; ++w) m = max(m, warp_max[w]);
-    atomicMax(reinterpret_cast<unsigned*>(amax_out), m);
+    for (int w = 1; w < blockDim.x / 32; ++w) m = max_value(m, warp_max[w]);
+    // Non-negative floats order like their bit patterns.
+    atomicMax(reinterpret_cast<unsigned*>(amax_out), __float_as_uint(m));
   }
 }
 
 void launch_amax(const void* src, bool bf16, int64_t n, float* amax_out, cudaStream_t stream) {
   check_cuda(cudaMemsetAsync(amax_out, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
   if (n == 0) return;
-  const unsigned blocks = grid_for(n / (bf16 ? 8 : 4) + 1);
-  if (bf16) {
-    amax_kernel<true><<<blocks, kThreads, 0, stream>>>(src, n, amax_out);
-  } else {
-    amax_kernel<false><<<blocks, kThreads, 0, stream>>>(src, n, amax_out);
-  }
+  amax_kernel<<<grid_for(n / 8 + 1), kThreads, 0, stream>>>(src, bf16, n, amax_out);
   check_launch("amax_kernel");
 }
 
@@ -352,62 +326,55 @@ __global__ void pack_nvfp4_1d_kernel(Source src, uint8_t* data, uint8_t* scales,
   }
 }
 
-// 2D blocks: a thread block per strip of 32 side-by-side 16x16 tiles (16 rows x 512 columns).
-// Thread t takes row t / 16 of the strip and its tiles 2 (t % 16) and 2 (t % 16) + 1, so a warp reads
-// two rows of 1 KiB (BF16) and writes two runs of 256 bytes: the 1D kernel's access pattern. (A warp
-// per 16 x 64 strip, the layout this replaces, touched 16 rows per load instruction and ran at 80 %
-// of a copy: perf-notes v19.) A tile's amax: its two rows within a warp meet by one shuffle, the
-// eight warps' maxima by a shared-memory table read after one barrier. The table alternates between
-// two copies by strip parity, so the next strip's writes, a barrier later, cannot overtake this
-// strip's reads. As in 1D, the next strip is loaded before this one is encoded.
-constexpr int kStripTiles2D = 2 * kThreads / 16;
-constexpr int kWarps = kThreads / 32;
-
+// 2D blocks: a warp per four side-by-side 16x16 tiles (16 rows x 64 columns, a "strip"), a half-warp
+// per two of them, one lane per row of the pair: each lane stores 16 bytes of codes, so the two lanes
+// of a row write one whole 32-byte sector (with one tile per lane, each store instruction wrote half
+// sectors). The tile amax is a 16-lane reduction; whole warps walk the grid together so every shuffle
+// has all 32 lanes. As in 1D, the next strip is loaded before this one is encoded.
 template <bool kBF16Source>
-__global__ void __launch_bounds__(kThreads)
-    pack_nvfp4_2d_kernel(Source src, uint8_t* data, uint8_t* scales, int64_t rows,
-                         const float* amax_in, float* scalars, ChunkPadding pad) {
-  __shared__ __align__(16) uint32_t warp_top[2][kStripTiles2D][kWarps];
+__global__ void pack_nvfp4_2d_kernel(Source src, uint8_t* data, uint8_t* scales, int64_t rows,
+                                     const float* amax_in, float* scalars, ChunkPadding pad) {
   write_padding(pad);
   const int64_t tiles_per_row = src.cols / 16;
-  const int64_t strips_per_band = (tiles_per_row + kStripTiles2D - 1) / kStripTiles2D;
-  const int64_t bands = rows / 16;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_in_band = threadIdx.x / 16, pair = threadIdx.x % 16;
-  // Blocks walk strips (band, column) in row-major order, gridDim.x apart; the position is
+  const int64_t strips_per_row = (tiles_per_row + 3) / 4;
+  const int64_t tile_rows = rows / 16;
+  const int lane = threadIdx.x % 32, half = lane / 16, row_in_tile = lane % 16;
+  // Warps walk strips (tile_row, strip_column) in row-major order, `warps` apart; the position is
   // advanced by addition with a carry, as a 64-bit division per strip costs more than the encode.
-  const int64_t band_step = gridDim.x / strips_per_band, column_step = gridDim.x % strips_per_band;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  const int64_t row_step = warps / strips_per_row, column_step = warps % strips_per_row;
   struct Position {
-    int64_t band, column;
+    int64_t tile_row, column;
   };
   auto advance = [&](Position p) {
-    p.band += band_step;
+    p.tile_row += row_step;
     p.column += column_step;
-    if (p.column >= strips_per_band) p.column -= strips_per_band, ++p.band;
+    if (p.column >= strips_per_row) p.column -= strips_per_row, ++p.tile_row;
     return p;
   };
-  // This thread's tile pair of a strip: row r, columns c .. c + 31 (either tile may not exist).
+  // This lane's tile pair of a strip: row r, columns c .. c + 31 (the second tile may not exist).
   struct Pair {
     int64_t r, c, first_tile;
     bool has_first, has_second;
   };
   auto pair_of = [&](Position p) {
-    Pair t;
-    t.first_tile = p.column * kStripTiles2D + 2 * pair;
-    t.has_first = t.first_tile < tiles_per_row;
-    t.has_second = t.first_tile + 1 < tiles_per_row;
-    t.r = p.band * 16 + row_in_band;
-    t.c = t.first_tile * 16;
-    return t;
+    Pair pair;
+    pair.first_tile = p.column * 4 + 2 * half;
+    pair.has_first = pair.first_tile < tiles_per_row;
+    pair.has_second = pair.first_tile + 1 < tiles_per_row;
+    pair.r = p.tile_row * 16 + row_in_tile;
+    pair.c = pair.first_tile * 16;
+    return pair;
   };
   Block16<kBF16Source> next[2];
   auto load_pair = [&](Position p) {
-    if (p.band >= bands) return;
-    const Pair t = pair_of(p);
-    if (t.has_first) next[0].load(src, t.r, t.c);
-    if (t.has_second) next[1].load(src, t.r, t.c + 16);
+    if (p.tile_row >= tile_rows) return;
+    const Pair pair = pair_of(p);
+    if (pair.has_first) next[0].load(src, pair.r, pair.c);
+    if (pair.has_second) next[1].load(src, pair.r, pair.c + 16);
   };
-  Position position{blockIdx.x / strips_per_band, blockIdx.x % strips_per_band};
+  const int64_t first_strip = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  Position position{first_strip / strips_per_row, first_strip % strips_per_row};
   // FP32 strips are twice the registers: those load in turn.
   if (kBF16Source) load_pair(position);
   float encode, decode;
@@ -416,24 +383,16 @@ __global__ void __launch_bounds__(kThreads)
     scalars[kDecodeScale] = decode;
     scalars[kAmax] = sanitize_amax(*amax_in);
   }
-  // The loop bound is the same for the whole block, so every thread reaches every barrier.
-  for (int parity = 0; position.band < bands; position = advance(position), parity ^= 1) {
+  for (; position.tile_row < tile_rows; position = advance(position)) {
     if (!kBF16Source) load_pair(position);
     const Block16<kBF16Source> block[2] = {next[0], next[1]};
     if (kBF16Source) load_pair(advance(position));
     const Pair p = pair_of(position);
     uint32_t top[2] = {p.has_first ? block[0].top() : 0u, p.has_second ? block[1].top() : 0u};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      top[t] = max(top[t], __shfl_xor_sync(~0u, top[t], 16));  // the warp's other row
-      if (lane < 16) warp_top[parity][2 * pair + t][warp] = top[t];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-      const uint4* tops = reinterpret_cast<const uint4*>(warp_top[parity][2 * pair + t]);
-      const uint4 a = tops[0], b = tops[1];
-      top[t] = max(max(max(a.x, a.y), max(a.z, a.w)), max(max(b.x, b.y), max(b.z, b.w)));
+    // Each tile's largest magnitude bits over its 16 rows.
+    for (int offset = 8; offset > 0; offset /= 2) {
+      top[0] = max(top[0], __shfl_xor_sync(~0u, top[0], offset));
+      top[1] = max(top[1], __shfl_xor_sync(~0u, top[1], offset));
     }
     if (!p.has_first) continue;
     uint2 codes[2];
@@ -451,8 +410,8 @@ __global__ void __launch_bounds__(kThreads)
       reinterpret_cast<uint2*>(out)[0] = codes[0];
       if (p.has_second) reinterpret_cast<uint2*>(out)[1] = codes[1];
     }
-    if (row_in_band == 0) {
-      uint8_t* tile_scales = scales + position.band * tiles_per_row + p.first_tile;
+    if (row_in_tile == 0) {
+      uint8_t* tile_scales = scales + position.tile_row * tiles_per_row + p.first_tile;
       tile_scales[0] = scale[0];
       if (p.has_second) tile_scales[1] = scale[1];
     }
@@ -526,8 +485,7 @@ void pack_cuda(const WireSpec& spec, const PackArgs& args, cudaStream_t stream) 
         }
         check_launch("pack_nvfp4_1d_kernel");
       } else {
-        const int64_t strips = (rows / 16) * ((l.cols / 16 + kStripTiles2D - 1) / kStripTiles2D);
-        const int64_t threads = strips * kThreads;  // a block per 16 x 512 strip
+        const int64_t threads = (rows / 16) * ((l.cols / 16 + 3) / 4) * 32;  // a warp per 16 x 64 strip
         if (bf16) {
           launch<pack_nvfp4_2d_kernel<true>>(threads, stream, src, data, scales, rows, amax, scalars, pad);
         } else {

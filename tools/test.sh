@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test (bazel test //...) and prints a summary counted from the test cases' XML reports,
-# ending with the plain line "N passed, N failed, N skipped".
+# ending with the skipped count and then the plain line "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -129,7 +129,7 @@ ChunkLayout validate_unpack_gemm(const WireSpec& spec, const GatheredChunks& in,
     throw std::invalid_argument(
         "the bf16 wire format has no quantized GEMM layout: unpack it to the BF16 weight");
   }
-  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry);
+  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry, out.scale_layout);
   check_pointer(out.data, "data", kPointerAlignment);
   check_capacity(out.data_capacity, sizes.data_bytes, "data capacity");
   if (sizes.scales_bytes > 0) {

@@ -50,6 +50,7 @@ struct GemmOutputs {
   int64_t transposed_scales_capacity = 0;
   float* decode_scales = nullptr;      // FP8 / NVFP4: one per chunk, group_size entries
   int64_t decode_scales_capacity = 0;  // entries
+  ScaleLayout scale_layout = ScaleLayout::kRowMajor;  // of scales and transposed_scales
 };
 
 // Each throws std::invalid_argument naming the offending value and the rule it breaks.

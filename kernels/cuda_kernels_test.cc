@@ -137,6 +137,48 @@ Packed pack_and_compare(const WireSpec& spec, const Shape& s, SourceDtype dtype,
   return p;
 }
 
+// unpack_gemm_cuda against unpack_gemm_reference in the scale layout of `sizes`, every output byte,
+// over two different poisons (so bytes left unwritten cannot match by chance).
+void compare_unpack_gemm(const WireSpec& spec, const Packed& p, const AlignedBytes& host_chunks,
+                         const GatheredChunks& in, const GemmLayoutSizes& sizes) {
+  const int64_t G = p.geometry.group_size;
+  AlignedBytes r_data(sizes.data_bytes), r_scales(sizes.scales_bytes + 16);
+  AlignedBytes r_data_t(sizes.transposed_data_bytes + 16), r_scales_t(sizes.transposed_scales_bytes + 16);
+  std::vector<float> r_decode(G);
+  GemmOutputs ref{r_data.data(), sizes.data_bytes, r_scales.data(), sizes.scales_bytes,
+                  sizes.transpose_supported ? r_data_t.data() : nullptr,
+                  sizes.transposed_data_bytes, r_scales_t.data(), sizes.transposed_scales_bytes,
+                  r_decode.data(), G, sizes.scale_layout};
+  unpack_gemm_reference(spec, {host_chunks.data(), static_cast<int64_t>(p.reference.size()),
+                               p.geometry}, ref);
+  DeviceBuffer d_data(sizes.data_bytes), d_scales(sizes.scales_bytes + 16);
+  DeviceBuffer d_data_t(sizes.transposed_data_bytes + 16), d_scales_t(sizes.transposed_scales_bytes + 16);
+  DeviceBuffer d_decode(G * sizeof(float));
+  GemmOutputs dev{d_data.get(), sizes.data_bytes, d_scales.get(), sizes.scales_bytes,
+                  sizes.transpose_supported ? d_data_t.get() : nullptr,
+                  sizes.transposed_data_bytes, d_scales_t.get(), sizes.transposed_scales_bytes,
+                  reinterpret_cast<float*>(d_decode.get()), G, sizes.scale_layout};
+  for (uint8_t poison : {0xA5, 0x5A}) {
+    for (DeviceBuffer* b : {&d_data, &d_scales, &d_data_t, &d_scales_t, &d_decode}) b->fill(poison);
+    unpack_gemm_cuda(spec, in, dev, nullptr);
+    auto same = [&](const DeviceBuffer& d, const uint8_t* r, int64_t n, const char* what) {
+      const std::vector<uint8_t> got = d.download(n);
+      EXPECT_EQ(std::memcmp(got.data(), r, n), 0)
+          << name(spec) << " gemm (" << to_string(sizes.scale_layout) << " scales) " << what
+          << " rows=" << p.geometry.rows << " G=" << G;
+    };
+    same(d_data, r_data.data(), sizes.data_bytes, "data");
+    same(d_scales, r_scales.data(), sizes.scales_bytes, "scales");
+    if (sizes.transpose_supported) {
+      same(d_data_t, r_data_t.data(), sizes.transposed_data_bytes, "transposed data");
+      same(d_scales_t, r_scales_t.data(), sizes.transposed_scales_bytes, "transposed scales");
+    }
+    same(d_decode, reinterpret_cast<const uint8_t*>(r_decode.data()),
+         sizes.decode_scale_count * sizeof(float), "decode scales");
+  }
+}
+
+// unpack_cuda, then the GEMM layout in each scale layout, against the CPU reference for one packed weight.
 void compare_unpack(const WireSpec& spec, const Packed& p) {
   DeviceBuffer d_chunks(p.reference.size());
   d_chunks.upload(p.reference.data(), p.reference.size());
@@ -157,40 +199,11 @@ void compare_unpack(const WireSpec& spec, const Packed& p) {
   }
   if (spec.format == WireFormat::kBF16) return;
 
-  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, p.geometry);
-  const int64_t G = p.geometry.group_size;
-  AlignedBytes r_data(sizes.data_bytes), r_scales(sizes.scales_bytes + 16);
-  AlignedBytes r_data_t(sizes.transposed_data_bytes + 16), r_scales_t(sizes.transposed_scales_bytes + 16);
-  std::vector<float> r_decode(G);
-  GemmOutputs ref{r_data.data(), sizes.data_bytes, r_scales.data(), sizes.scales_bytes,
-                  sizes.transpose_supported ? r_data_t.data() : nullptr,
-                  sizes.transposed_data_bytes, r_scales_t.data(), sizes.transposed_scales_bytes,
-                  r_decode.data(), G};
-  unpack_gemm_reference(spec, {host_chunks.data(), static_cast<int64_t>(p.reference.size()),
-                               p.geometry}, ref);
-  DeviceBuffer d_data(sizes.data_bytes), d_scales(sizes.scales_bytes + 16);
-  DeviceBuffer d_data_t(sizes.transposed_data_bytes + 16), d_scales_t(sizes.transposed_scales_bytes + 16);
-  DeviceBuffer d_decode(G * sizeof(float));
-  GemmOutputs dev{d_data.get(), sizes.data_bytes, d_scales.get(), sizes.scales_bytes,
-                  sizes.transpose_supported ? d_data_t.get() : nullptr,
-                  sizes.transposed_data_bytes, d_scales_t.get(), sizes.transposed_scales_bytes,
-                  reinterpret_cast<float*>(d_decode.get()), G};
-  for (uint8_t poison : {0xA5, 0x5A}) {
-    for (DeviceBuffer* b : {&d_data, &d_scales, &d_data_t, &d_scales_t, &d_decode}) b->fill(poison);
-    unpack_gemm_cuda(spec, in, dev, nullptr);
-    auto same = [&](const DeviceBuffer& d, const uint8_t* r, int64_t n, const char* what) {
-      const std::vector<uint8_t> got = d.download(n);
-      EXPECT_EQ(std::memcmp(got.data(), r, n), 0)
-          << name(spec) << " gemm " << what << " rows=" << p.geometry.rows << " G=" << G;
-    };
-    same(d_data, r_data.data(), sizes.data_bytes, "data");
-    same(d_scales, r_scales.data(), sizes.scales_bytes, "scales");
-    if (sizes.transpose_supported) {
-      same(d_data_t, r_data_t.data(), sizes.transposed_data_bytes, "transposed data");
-      same(d_scales_t, r_scales_t.data(), sizes.transposed_scales_bytes, "transposed scales");
-    }
-    same(d_decode, reinterpret_cast<const uint8_t*>(r_decode.data()),
-         sizes.decode_scale_count * sizeof(float), "decode scales");
+  // The GEMM layout, with row-major and (formats with block scales) blocked 128x4 scales.
+  for (ScaleLayout layout : {ScaleLayout::kRowMajor, ScaleLayout::kBlocked128x4}) {
+    const GemmLayoutSizes sizes = gemm_layout_sizes(spec, p.geometry, layout);
+    if (layout == ScaleLayout::kBlocked128x4 && sizes.scale_rows == 0) continue;
+    compare_unpack_gemm(spec, p, host_chunks, in, sizes);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/codecs.h"
+#include "kernels/scale_layout.h"
 
 namespace gtp::kernels {
 namespace {
@@ -231,7 +232,7 @@ void unpack_many_reference(const WireSpec& spec, const UnpackJob* jobs, int64_t 
 void unpack_gemm_reference(const WireSpec& spec, const GatheredChunks& in,
                            const GemmOutputs& out) {
   const ChunkLayout l = validate_unpack_gemm(spec, in, out);
-  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry);
+  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry, out.scale_layout);
   const auto* chunks = static_cast<const uint8_t*>(in.chunks);
   const int64_t rows = sizes.gemm_rows;
   const int64_t cols = l.cols;
@@ -241,20 +242,31 @@ void unpack_gemm_reference(const WireSpec& spec, const GatheredChunks& in,
   auto* scales_t = static_cast<uint8_t*>(out.transposed_scales);
   const bool nvfp4 = spec.format == WireFormat::kNVFP4;
   const bool blocks_2d = nvfp4 && spec.nvfp4_blocks == Nvfp4Blocks::k2D;
+  const bool blocked = out.scale_layout == ScaleLayout::kBlocked128x4;
   if (data_t != nullptr && nvfp4) std::memset(data_t, 0, sizes.transposed_data_bytes);
+  // Blocked scales are whole tiles: the entries past the matrix are zero.
+  if (blocked && scales != nullptr) std::memset(scales, 0, sizes.scales_bytes);
+  if (blocked && data_t != nullptr && scales_t != nullptr) std::memset(scales_t, 0, sizes.transposed_scales_bytes);
+  // The scale of 16x16 tile (band, tile_col): held by the chunk of the band's rows.
+  auto tile_scale = [&](int64_t band, int64_t tile_col) {
+    const int64_t r = band * 16;
+    const uint8_t* chunk = chunks + (r / l.shard_rows) * l.chunk_bytes;
+    return chunk[l.scales_offset + ((r % l.shard_rows) / 16) * (cols / 16) + tile_col];
+  };
 
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* chunk = chunks + (r / l.shard_rows) * l.chunk_bytes;
     const int64_t local = r % l.shard_rows;
     const int64_t row_bytes = nvfp4 ? cols / 2 : cols;
     std::memcpy(data + r * row_bytes, chunk + l.data_offset + local * row_bytes, row_bytes);
-    if (l.scales_per_row > 0) {
-      std::memcpy(scales + r * l.scales_per_row,
-                  chunk + l.scales_offset + local * l.scales_per_row, l.scales_per_row);
+    for (int64_t c = 0; c < l.scales_per_row; ++c) {
+      scales[scale_offset(blocked, r, c, sizes.scale_cols)] = chunk[l.scales_offset + local * l.scales_per_row + c];
     }
-    if (blocks_2d && r % 16 == 0) {
-      std::memcpy(scales + (r / 16) * (cols / 16), chunk + l.scales_offset + (local / 16) *
-                  (cols / 16), cols / 16);
+    // 2D: a scale row per 16-row band, or (blocked) the band's scales on every row.
+    if (blocks_2d && (blocked || r % 16 == 0)) {
+      for (int64_t c = 0; c < cols / 16; ++c) {
+        scales[scale_offset(blocked, blocked ? r : r / 16, c, sizes.scale_cols)] = tile_scale(r / 16, c);
+      }
     }
     if (data_t == nullptr) continue;
     for (int64_t c = 0; c < cols; ++c) {
@@ -266,9 +278,12 @@ void unpack_gemm_reference(const WireSpec& spec, const GatheredChunks& in,
     }
   }
   if (data_t != nullptr && blocks_2d) {
-    for (int64_t br = 0; br < rows / 16; ++br)
-      for (int64_t bc = 0; bc < cols / 16; ++bc)
-        scales_t[bc * (rows / 16) + br] = scales[br * (cols / 16) + bc];
+    // The transpose's scale matrix: row c (a weight column) of band br holds tile (br, c / 16).
+    for (int64_t tr = 0; tr < sizes.transposed_scale_rows; ++tr) {
+      for (int64_t br = 0; br < rows / 16; ++br) {
+        scales_t[scale_offset(blocked, tr, br, sizes.transposed_scale_cols)] = tile_scale(br, blocked ? tr / 16 : tr);
+      }
+    }
   }
   for (int64_t g = 0; g < sizes.decode_scale_count; ++g) {
     out.decode_scales[g] = read_scalar(chunks + g * l.chunk_bytes, l, kDecodeScale);

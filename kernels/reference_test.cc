@@ -12,6 +12,7 @@
 
 #include "kernels/codecs.h"
 #include "kernels/internal/test_data.h"
+#include "kernels/scale_layout.h"
 
 namespace gtp::kernels {
 namespace {
@@ -343,6 +344,96 @@ TEST(Gemm, LayoutMatchesChunksAndTransposesExactly) {
     }
     (void)fp4;
   }
+}
+
+// The blocked layout's byte order, spelled the way PyTorch code builds it for cuBLASLt
+// (view(nrb, 128, ncb, 4).permute(0, 2, 1, 3).reshape(-1, 4, 32, 4).transpose(1, 2).flatten()): walk
+// the tiles in order and, inside one, rows r0 = 0..31 outermost, then the quarter r1, then the column.
+TEST(BlockedScales, OffsetsFollowCublasTileOrder) {
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{128, 4}, {256, 8}, {300, 7}, {16, 2}, {1024, 130}}) {
+    const int64_t padded_rows = round_up(rows, 128), padded_cols = round_up(cols, 4);
+    std::vector<int64_t> position(padded_rows * padded_cols, -1);  // (r, c) -> byte in the walk
+    int64_t next = 0;
+    for (int64_t rb = 0; rb < padded_rows / 128; ++rb)
+      for (int64_t cb = 0; cb < padded_cols / 4; ++cb)
+        for (int64_t r0 = 0; r0 < 32; ++r0)
+          for (int64_t r1 = 0; r1 < 4; ++r1)
+            for (int64_t j = 0; j < 4; ++j) position[(rb * 128 + r1 * 32 + r0) * padded_cols + cb * 4 + j] = next++;
+    ASSERT_EQ(next, padded_rows * padded_cols);
+    for (int64_t r = 0; r < padded_rows; ++r)
+      for (int64_t c = 0; c < padded_cols; ++c)
+        ASSERT_EQ(scale_offset(true, r, c, cols), position[r * padded_cols + c]) << rows << "x" << cols << " (" << r << ", " << c << ")";
+    EXPECT_EQ(scale_offset(false, 5, 3, cols), 5 * cols + 3);
+  }
+}
+
+// The GEMM layout with blocked scales: the same data, data_t and decode scales as row-major, every
+// scale where the tile order puts it (2D tiles repeated on each of their rows, and on each column
+// for the transpose), and zeros in the padding of the last tiles.
+TEST(BlockedScales, GemmLayoutHoldsTheRowMajorScalesInTileOrder) {
+  const int64_t rows = 150, cols = 96, G = 3;  // ragged 128-row tiles; 3 or 6 scale columns
+  const auto w = random_weight(rows, cols, 12);
+  for (const WireSpec& spec : kAllSpecs) {
+    if (spec.format != WireFormat::kMXFP8 && spec.format != WireFormat::kNVFP4) continue;
+    const Gathered g = pack_all(spec, w, rows, cols, G, SourceDtype::kBF16, nullptr);
+    struct Output {
+      GemmLayoutSizes sizes;
+      AlignedBytes data, scales, data_t, scales_t;
+      std::vector<float> decode;
+    };
+    auto unpack = [&](ScaleLayout layout) {
+      Output o{gemm_layout_sizes(spec, g.geometry, layout), AlignedBytes(16), AlignedBytes(16), AlignedBytes(16),
+               AlignedBytes(16), std::vector<float>(G, -1.0f)};
+      o.data = AlignedBytes(o.sizes.data_bytes);
+      o.scales = AlignedBytes(o.sizes.scales_bytes, 0xee);  // poisoned: padding must be written
+      o.data_t = AlignedBytes(std::max<int64_t>(o.sizes.transposed_data_bytes, 16));
+      o.scales_t = AlignedBytes(std::max<int64_t>(o.sizes.transposed_scales_bytes, 16), 0xee);
+      GemmOutputs out{o.data.data(), o.sizes.data_bytes, o.scales.data(), o.sizes.scales_bytes,
+                      o.sizes.transpose_supported ? o.data_t.data() : nullptr, o.sizes.transposed_data_bytes,
+                      o.scales_t.data(), o.sizes.transposed_scales_bytes, o.decode.data(), G, layout};
+      unpack_gemm_reference(spec, view(g), out);
+      return o;
+    };
+    const Output row_major = unpack(ScaleLayout::kRowMajor), blocked = unpack(ScaleLayout::kBlocked128x4);
+    SCOPED_TRACE(name(spec));
+    const GemmLayoutSizes& rs = row_major.sizes;
+    const GemmLayoutSizes& bs = blocked.sizes;
+    const bool two_d = spec.format == WireFormat::kNVFP4 && spec.nvfp4_blocks == Nvfp4Blocks::k2D;
+    ASSERT_EQ(bs.scale_rows, rs.gemm_rows);
+    ASSERT_EQ(bs.scales_bytes, round_up(bs.scale_rows, 128) * round_up(bs.scale_cols, 4));
+    EXPECT_EQ(0, std::memcmp(row_major.data.data(), blocked.data.data(), rs.data_bytes));
+    EXPECT_EQ(row_major.decode, blocked.decode);
+    std::vector<bool> written(bs.scales_bytes, false);
+    for (int64_t r = 0; r < bs.scale_rows; ++r) {
+      for (int64_t c = 0; c < bs.scale_cols; ++c) {
+        const int64_t at = scale_offset(true, r, c, bs.scale_cols);
+        const uint8_t want = row_major.scales.data()[(two_d ? r / 16 : r) * rs.scale_cols + c];
+        ASSERT_EQ(blocked.scales.data()[at], want) << "scale (" << r << ", " << c << ")";
+        written[at] = true;
+      }
+    }
+    for (int64_t i = 0; i < bs.scales_bytes; ++i) {
+      if (!written[i]) ASSERT_EQ(blocked.scales.data()[i], 0) << "padding byte " << i;
+    }
+    if (!two_d) continue;
+    EXPECT_EQ(0, std::memcmp(row_major.data_t.data(), blocked.data_t.data(), rs.transposed_data_bytes));
+    ASSERT_EQ(bs.transposed_scale_rows, cols);
+    std::vector<bool> written_t(bs.transposed_scales_bytes, false);
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t band = 0; band < bs.transposed_scale_cols; ++band) {
+        const int64_t at = scale_offset(true, c, band, bs.transposed_scale_cols);
+        ASSERT_EQ(blocked.scales_t.data()[at], row_major.scales_t.data()[(c / 16) * rs.transposed_scale_cols + band])
+            << "transposed scale (" << c << ", " << band << ")";
+        written_t[at] = true;
+      }
+    }
+    for (int64_t i = 0; i < bs.transposed_scales_bytes; ++i) {
+      if (!written_t[i]) ASSERT_EQ(blocked.scales_t.data()[i], 0) << "transposed padding byte " << i;
+    }
+  }
+  EXPECT_THROW(gemm_layout_sizes(WireSpec{WireFormat::kMXFP8}, weight_geometry(WireFormat::kMXFP8, 64, 64, 1),
+                                 static_cast<ScaleLayout>(7)),
+               std::invalid_argument);
 }
 
 // Bad input: a clear message naming the value, and the output untouched.

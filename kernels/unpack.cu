@@ -7,6 +7,7 @@
 
 #include "kernels/cuda_kernels.h"
 #include "kernels/internal/device_io.cuh"
+#include "kernels/scale_layout.h"
 #include "kernels/transpose.h"
 
 namespace gtp::kernels {
@@ -261,8 +262,10 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
 
 // MXFP8 GEMM layout: a thread copies 16 codes (half a block) per item, kUnroll items per step
 // with the loads first; neighbouring lanes take neighbouring items so every warp instruction
-// moves 512 contiguous bytes. The even item of each block also copies the block's scale.
-__global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales) {
+// moves 512 contiguous bytes. The even item of each block also copies the block's scale, to its
+// row-major or blocked place.
+__global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales,
+                                         bool blocked) {
   constexpr int kUnroll = 4;
   const int64_t n = grid.items_per_row;  // cols / 16
   const int64_t blocks_per_row = n / 2;
@@ -287,7 +290,7 @@ __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data,
         const int64_t j = first + u * team;
         if (j >= n) break;
         dst[j] = codes[u];
-        if (j % 2 == 0) scales[r * blocks_per_row + j / 2] = scale[u];
+        if (j % 2 == 0) scales[scale_offset(blocked, r, j / 2, blocks_per_row)] = scale[u];
       }
     }
   });
@@ -297,7 +300,7 @@ __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data,
 // scale) of kUnroll 16-element blocks per step, loads first, so that several loads are in flight
 // per thread (one 8-byte load at a time left the copy at ~45 % of the copy line).
 __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d, uint8_t* data,
-                                         uint8_t* scales) {
+                                         uint8_t* scales, bool blocked) {
   constexpr int kUnroll = 4;
   const int64_t per_row = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
@@ -305,11 +308,12 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
     const int64_t local = r % in.shard_rows;
     const uint2* src = reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2);
     uint2* dst = reinterpret_cast<uint2*>(data) + r * per_row;
-    // 2D blocks: the first row of each 16-row band carries the band's scales.
-    const bool scale_row = !blocks_2d || r % 16 == 0;
+    // 2D blocks: the first row of each 16-row band carries the band's scales, or (blocked) every
+    // row of the band repeats them.
+    const bool scale_row = !blocks_2d || blocked || r % 16 == 0;
     const uint8_t* src_scales =
         chunk + in.scales_offset + (blocks_2d ? (local / 16) : local) * per_row;
-    uint8_t* dst_scales = scales + (blocks_2d ? r / 16 : r) * per_row;
+    const int64_t scale_r = blocks_2d && !blocked ? r / 16 : r;
     for (int64_t first = lane; first < per_row; first += team * kUnroll) {
       uint2 codes[kUnroll];
       uint8_t scale[kUnroll];
@@ -325,7 +329,7 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
         const int64_t j = first + u * team;
         if (j >= per_row) break;
         dst[j] = codes[u];
-        if (scale_row) dst_scales[j] = scale[u];
+        if (scale_row) scales[scale_offset(blocked, scale_r, j, per_row)] = scale[u];
       }
     }
   });
@@ -339,12 +343,13 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
 // memory lines hold two rows (16 8-byte pieces); a piece's index is XORed with the row's 16-row
 // band, which keeps both the 8-byte stores and the word reads free of bank conflicts (the per-
 // nibble half-warp strips this replaces ran at ~22 % of copy, perf-notes v18). The tile's 16 x 8
-// block scales go to `scales` and, transposed, to `scales_t`.
+// block scales go to `scales` and, transposed, to `scales_t`: once each (row-major), or repeated on
+// the tile's 16 rows and 16 columns (blocked).
 constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 128;
 
 __global__ void __launch_bounds__(kThreads)
     unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* scales,
-                                     uint8_t* data_t, uint8_t* scales_t) {
+                                     uint8_t* data_t, uint8_t* scales_t, bool blocked) {
   static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
   __shared__ uint2 tile[kNvfp4TileRows / 2][16];
   const int64_t tiles_c = (in.cols + kNvfp4TileCols - 1) / kNvfp4TileCols;
@@ -378,9 +383,16 @@ __global__ void __launch_bounds__(kThreads)
       tile[row / 2][((row % 2) * 8 + piece) ^ (row / 16)] = v[u];
     }
   }
-  if (has_scale) {
+  if (has_scale && !blocked) {
     scales[(scale_r / 16) * blocks_per_row + c / 16] = scale;
     scales_t[(c / 16) * block_rows + scale_r / 16] = scale;
+  }
+  if (has_scale && blocked) {
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+      scales[scale_offset(true, scale_r + i, c / 16, blocks_per_row)] = scale;
+      scales_t[scale_offset(true, c + i, scale_r / 16, block_rows)] = scale;
+    }
   }
   __syncthreads();
   // gemm_rows and cols are multiples of 16, so a piece is wholly inside the weight or outside.
@@ -492,12 +504,24 @@ void unpack_cuda(const WireSpec& spec, const GatheredChunks& in, void* out_bf16,
 void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const GemmOutputs& out,
                       cudaStream_t stream) {
   const ChunkLayout l = validate_unpack_gemm(spec, in, out);
-  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry);
+  const GemmLayoutSizes sizes = gemm_layout_sizes(spec, in.geometry, out.scale_layout);
   const Chunks c = chunks_of(in, l);
   auto* data = static_cast<uint8_t*>(out.data);
   auto* scales = static_cast<uint8_t*>(out.scales);
   auto* data_t = static_cast<uint8_t*>(out.transposed_data);
   const int64_t rows = sizes.gemm_rows;
+  const bool blocked = out.scale_layout == ScaleLayout::kBlocked128x4;
+  // Blocked scales fill whole 128 x 4 tiles; where the matrix does not, the rest must read as zero.
+  auto zero_tile_padding = [&](void* p, int64_t rows_s, int64_t cols_s, int64_t bytes) {
+    if (blocked && p != nullptr && bytes > rows_s * cols_s) {
+      check_cuda(cudaMemsetAsync(p, 0, bytes, stream), "cudaMemsetAsync(blocked scale padding)");
+    }
+  };
+  zero_tile_padding(scales, sizes.scale_rows, sizes.scale_cols, sizes.scales_bytes);
+  if (data_t != nullptr) {
+    zero_tile_padding(out.transposed_scales, sizes.transposed_scale_rows, sizes.transposed_scale_cols,
+                      sizes.transposed_scales_bytes);
+  }
   switch (spec.format) {
     case WireFormat::kBF16:
       return;  // refused by validate_unpack_gemm
@@ -517,7 +541,8 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
     case WireFormat::kMXFP8:
     {
       const RowGrid grid = row_grid(rows, l.cols / 16, 4);
-      unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales);
+      unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales,
+                                                                          blocked);
     }
       check_launch("unpack_mxfp8_gemm_kernel");
       break;
@@ -527,12 +552,12 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
             static_cast<unsigned>(((rows + kNvfp4TileRows - 1) / kNvfp4TileRows) *
                                   ((l.cols + kNvfp4TileCols - 1) / kNvfp4TileCols));
         unpack_nvfp4_2d_transpose_kernel<<<tiles, kThreads, 0, stream>>>(
-            c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales));
+            c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales), blocked);
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {
         const RowGrid grid = row_grid(rows, l.cols / 16, 4);
         unpack_nvfp4_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
-            c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales);
+            c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales, blocked);
         check_launch("unpack_nvfp4_gemm_kernel");
       }
       break;

@@ -26,6 +26,14 @@ std::string to_string(const WireSpec& spec) {
   return to_string(spec.format);
 }
 
+std::string to_string(ScaleLayout layout) {
+  switch (layout) {
+    case ScaleLayout::kRowMajor: return "row-major";
+    case ScaleLayout::kBlocked128x4: return "blocked 128x4";
+  }
+  return "unknown scale layout " + std::to_string(static_cast<int>(layout));
+}
+
 std::string to_string(SourceDtype dtype) { return dtype == SourceDtype::kBF16 ? "bf16" : "fp32"; }
 
 WireFormat parse_wire_format(const std::string& name) {
@@ -143,9 +151,21 @@ ChunkLayout chunk_layout(const WireSpec& spec, int64_t shard_rows, int64_t cols)
   return l;
 }
 
-GemmLayoutSizes gemm_layout_sizes(const WireSpec& spec, const WeightGeometry& geometry) {
+// Bytes of a scale matrix in `layout`: blocked matrices are whole 128 x 4 tiles.
+static int64_t scale_matrix_bytes(ScaleLayout layout, int64_t rows, int64_t cols) {
+  if (rows == 0 || cols == 0) return 0;
+  return layout == ScaleLayout::kBlocked128x4 ? round_up(rows, 128) * round_up(cols, 4) : rows * cols;
+}
+
+GemmLayoutSizes gemm_layout_sizes(const WireSpec& spec, const WeightGeometry& geometry, ScaleLayout scale_layout) {
+  if (scale_layout != ScaleLayout::kRowMajor && scale_layout != ScaleLayout::kBlocked128x4) {
+    throw std::invalid_argument("unknown scale layout value " + std::to_string(static_cast<int>(scale_layout)) +
+                                ": use ScaleLayout::kRowMajor or kBlocked128x4");
+  }
   GemmLayoutSizes s;
   const int64_t cols = geometry.cols;
+  const bool blocked = scale_layout == ScaleLayout::kBlocked128x4;
+  s.scale_layout = scale_layout;
   s.gemm_rows = round_up(geometry.rows, row_alignment(spec.format));
   switch (spec.format) {
     case WireFormat::kBF16:
@@ -158,21 +178,27 @@ GemmLayoutSizes gemm_layout_sizes(const WireSpec& spec, const WeightGeometry& ge
       break;
     case WireFormat::kMXFP8:
       s.data_bytes = s.gemm_rows * cols;
-      s.scales_bytes = s.gemm_rows * (cols / 32);
+      s.scale_rows = s.gemm_rows;
+      s.scale_cols = cols / 32;
       break;
     case WireFormat::kNVFP4:
       s.data_bytes = s.gemm_rows * cols / 2;
       s.decode_scale_count = geometry.group_size;
+      s.scale_cols = cols / 16;
       if (spec.nvfp4_blocks == Nvfp4Blocks::k1D) {
-        s.scales_bytes = s.gemm_rows * (cols / 16);
+        s.scale_rows = s.gemm_rows;
       } else {
-        s.scales_bytes = (s.gemm_rows / 16) * (cols / 16);
+        s.scale_rows = blocked ? s.gemm_rows : s.gemm_rows / 16;
         s.transpose_supported = true;
         s.transposed_data_bytes = s.data_bytes;
-        s.transposed_scales_bytes = s.scales_bytes;
+        s.transposed_scale_rows = blocked ? cols : cols / 16;
+        s.transposed_scale_cols = s.gemm_rows / 16;
       }
       break;
   }
+  s.scales_bytes = scale_matrix_bytes(scale_layout, s.scale_rows, s.scale_cols);
+  s.transposed_scales_bytes =
+      scale_matrix_bytes(scale_layout, s.transposed_scale_rows, s.transposed_scale_cols);
   return s;
 }
 

@@ -16,6 +16,12 @@ enum class ScaleRounding { kRceil, kFloor };
 // NVFP4 scale blocks: 1x16 along a row, or 16x16 tiles (whose transpose is exact).
 enum class Nvfp4Blocks { k1D, k2D };
 
+// How the GEMM layout stores block scales (docs/formats.md, "Blocked scales"). Row-major: the scale
+// matrix as it is. Blocked 128x4: the tiled layout cuBLASLt's and cuDNN's block-scaled GEMMs read
+// (Blackwell), zero-padded to whole 128 x 4 tiles, with one scale row per data row: NVFP4 16x16
+// tiles then repeat their scale on each of their 16 rows (and columns, for the transpose).
+enum class ScaleLayout { kRowMajor, kBlocked128x4 };
+
 // The element type of the shard that pack reads and of the weight that unpack writes.
 enum class SourceDtype { kBF16, kFP32 };
 
@@ -48,6 +54,7 @@ std::string to_string(WireFormat format);
 std::string to_string(ScaleRounding rounding);
 std::string to_string(Nvfp4Blocks blocks);
 std::string to_string(SourceDtype dtype);
+std::string to_string(ScaleLayout layout);
 // Parses "bf16" | "fp8" | "mxfp8" | "nvfp4"; throws std::invalid_argument naming the choices.
 WireFormat parse_wire_format(const std::string& name);
 
@@ -96,13 +103,22 @@ ChunkLayout chunk_layout(const WireSpec& spec, int64_t shard_rows, int64_t cols)
 struct GemmLayoutSizes {
   int64_t gemm_rows = 0;
   int64_t data_bytes = 0;        // [gemm_rows, cols] codes (NVFP4: two per byte)
-  int64_t scales_bytes = 0;      // MXFP8 [gemm_rows, cols/32]; NVFP4 1D [gemm_rows, cols/16];
-                                 // NVFP4 2D [gemm_rows/16, cols/16]; 0 for FP8
+  ScaleLayout scale_layout = ScaleLayout::kRowMajor;
+  // The scale matrix of `data`, before any blocking: MXFP8 [gemm_rows, cols/32]; NVFP4 1D
+  // [gemm_rows, cols/16]; NVFP4 2D [gemm_rows/16, cols/16] row-major, [gemm_rows, cols/16] blocked
+  // (a row per data row); 0 x 0 for FP8.
+  int64_t scale_rows = 0, scale_cols = 0;
+  int64_t scales_bytes = 0;      // scale_rows x scale_cols, or whole 128 x 4 tiles when blocked
   int64_t transposed_data_bytes = 0;    // FP8 [cols, gemm_rows]; NVFP4 2D [cols, gemm_rows/2]
-  int64_t transposed_scales_bytes = 0;  // NVFP4 2D [cols/16, gemm_rows/16]
+  // NVFP4 2D, the scales of the transpose: [cols/16, gemm_rows/16] row-major, [cols, gemm_rows/16]
+  // blocked; 0 x 0 otherwise.
+  int64_t transposed_scale_rows = 0, transposed_scale_cols = 0;
+  int64_t transposed_scales_bytes = 0;
   bool transpose_supported = false;     // exact transposes only: FP8 and NVFP4 2D
   int64_t decode_scale_count = 0;       // FP8 and NVFP4: one FP32 per chunk (G)
 };
-GemmLayoutSizes gemm_layout_sizes(const WireSpec& spec, const WeightGeometry& geometry);
+// Throws std::invalid_argument for an unknown scale layout.
+GemmLayoutSizes gemm_layout_sizes(const WireSpec& spec, const WeightGeometry& geometry,
+                                  ScaleLayout scale_layout = ScaleLayout::kRowMajor);
 
 }  // namespace gtp::kernels

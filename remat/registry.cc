@@ -41,10 +41,11 @@ Stream Registry::gather_stream(const Weight& weight) const {
 
 Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
 
-GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry) {
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry,
+                             kernels::ScaleLayout scale_layout) {
   GemmPlacement p;
-  if (spec.format == kernels::WireFormat::kBF16) return p;
-  p.sizes = kernels::gemm_layout_sizes(spec, geometry);
+  p.sizes = kernels::gemm_layout_sizes(spec, geometry, scale_layout);  // checks scale_layout
+  if (spec.format == kernels::WireFormat::kBF16) return GemmPlacement{};
   std::int64_t next = 0;
   const auto section = [&](std::int64_t bytes) {
     const std::int64_t offset = next;
@@ -69,7 +70,7 @@ WeightId Registry::add(const WeightDesc& desc) {
   weight.geometry = kernels::weight_geometry(desc.wire.format, desc.rows, desc.cols, g);
   weight.layout = kernels::chunk_layout(desc.wire, weight.geometry.shard_rows, desc.cols);
   weight.valid_rows = weight.geometry.valid_rows(backend_.group_rank(desc.group));
-  weight.gemm = gemm_placement(desc.wire, weight.geometry);
+  weight.gemm = gemm_placement(desc.wire, weight.geometry, desc.gemm_scales);
   weight.gathers_in_place = desc.wire.format == kernels::WireFormat::kBF16 && weight.layout.data_offset == 0 &&
                             weight.layout.chunk_bytes == weight.geometry.shard_rows * desc.cols * 2;
   weight.output_bytes =

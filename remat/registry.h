@@ -26,6 +26,8 @@ struct WeightDesc {
   int group = 0;                        // the backend group the weight is sharded over (size G)
   float* main_grad = nullptr;           // FP32 valid_rows x cols, or null (no gradient)
   WeightId expert_leader = kNoWeight;   // set on every expert but the first: the group's first weight
+  // How the GEMM layout stores block scales (MXFP8, NVFP4): row-major, or cuBLASLt's blocked 128x4.
+  kernels::ScaleLayout gemm_scales = kernels::ScaleLayout::kRowMajor;
 };
 
 // Where the GEMM-ready outputs of one weight sit in its output region (byte offsets from the region's
@@ -35,7 +37,8 @@ struct GemmPlacement {
   std::int64_t data = 0, scales = 0, transposed_data = 0, transposed_scales = 0, decode_scales = 0;
   std::int64_t bytes = 0;  // the whole GEMM output region
 };
-GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry);
+GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry,
+                             kernels::ScaleLayout scale_layout = kernels::ScaleLayout::kRowMajor);
 
 struct Weight {
   WeightDesc desc;

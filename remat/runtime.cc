@@ -15,6 +15,7 @@ constexpr int kPhases = 3;
 kernels::GemmOutputs gemm_outputs(const Weight& w, char* region) {
   const GemmPlacement& p = w.gemm;
   kernels::GemmOutputs out;
+  out.scale_layout = p.sizes.scale_layout;
   out.data = region + p.data;
   out.data_capacity = p.sizes.data_bytes;
   if (p.sizes.scales_bytes > 0) {

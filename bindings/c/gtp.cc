@@ -162,15 +162,19 @@ gtp_materialized_t to_c(const gtp::remat::Materialized& m) {
   c.gemm_rows = r;
   c.data = section(m.data, code, r, m.cols);
   c.data_t = section(m.transposed_data, code, m.cols, r);
-  if (m.wire.format == WireFormat::kMXFP8) {
-    c.scales = section(m.scales, GTP_ELEM_E8M0, r, m.cols / 32);
-    c.scale_block_rows = 1;
-    c.scale_block_cols = 32;
-  } else if (nvfp4) {
-    c.scale_block_rows = c.nvfp4_2d ? 16 : 1;
-    c.scale_block_cols = 16;
-    c.scales = section(m.scales, GTP_ELEM_E4M3, r / c.scale_block_rows, m.cols / 16);
-    c.scales_t = section(m.transposed_scales, GTP_ELEM_E4M3, m.cols / 16, r / 16);
+  // Blocked scale sections span whole 128 x 4 tiles.
+  const bool blocked = m.gemm.scale_layout == gtp::kernels::ScaleLayout::kBlocked128x4;
+  c.scale_layout = blocked ? GTP_SCALE_LAYOUT_BLOCKED_128X4 : GTP_SCALE_LAYOUT_ROW_MAJOR;
+  const auto scale_section = [&](void* ptr, gtp_elem_t dtype, std::int64_t rows, std::int64_t cols) {
+    using gtp::kernels::round_up;
+    return blocked ? section(ptr, dtype, round_up(rows, 128), round_up(cols, 4)) : section(ptr, dtype, rows, cols);
+  };
+  if (m.wire.format == WireFormat::kMXFP8 || nvfp4) {
+    c.scales = scale_section(m.scales, nvfp4 ? GTP_ELEM_E4M3 : GTP_ELEM_E8M0, m.gemm.scale_rows, m.gemm.scale_cols);
+    c.scales_t = scale_section(m.transposed_scales, GTP_ELEM_E4M3, m.gemm.transposed_scale_rows,
+                               m.gemm.transposed_scale_cols);
+    c.scale_block_rows = c.nvfp4_2d && !blocked ? 16 : 1;
+    c.scale_block_cols = nvfp4 ? 16 : 32;
   }
   c.decode_scales = section(const_cast<float*>(m.decode_scales), GTP_ELEM_FP32, m.gemm.decode_scale_count, 1);
   if (m.gemm.decode_scale_count > 0) c.decode_scale_rows = m.shard_rows;
@@ -304,6 +308,13 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     if (d.wire.format == gtp::kernels::WireFormat::kMXFP8 && desc->mx_rounding == GTP_MX_ROUNDING_FLOOR) {
       d.wire.mx_rounding = gtp::kernels::ScaleRounding::kFloor;
     }
+    require(desc->gemm_scale_layout == GTP_SCALE_LAYOUT_ROW_MAJOR ||
+                desc->gemm_scale_layout == GTP_SCALE_LAYOUT_BLOCKED_128X4,
+            "gemm_scale_layout " + std::to_string(desc->gemm_scale_layout) +
+                " is unknown; use GTP_SCALE_LAYOUT_ROW_MAJOR or GTP_SCALE_LAYOUT_BLOCKED_128X4 (cuBLASLt block-scaled GEMMs)");
+    d.gemm_scales = desc->gemm_scale_layout == GTP_SCALE_LAYOUT_BLOCKED_128X4
+                        ? gtp::kernels::ScaleLayout::kBlocked128x4
+                        : gtp::kernels::ScaleLayout::kRowMajor;
     d.group = group;
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);

@@ -40,8 +40,9 @@ std::vector<unsigned char> reference_chunks(const gtp::kernels::WireSpec& spec, 
 }
 
 // The GEMM layout through gtp_materialize_views: an expert group (2 experts) on each quantized wire,
-// both layouts held at once; every section, dtype, shape and decode scale equals the CPU reference's
-// GEMM-ready unpack of the chunks a single process packs; then the misuse of the new calls.
+// with row-major and blocked 128x4 scales, both layouts held at once; every section, dtype, shape and
+// decode scale equals the CPU reference's GEMM-ready unpack of the chunks a single process packs;
+// then the misuse of the new calls.
 float gemm_source(int expert, int64_t row, int64_t col) {  // exact in BF16, so BF16 and FP32 shards agree
   return static_cast<float>(((row * 7 + col * 3 + expert * 5) % 23) - 11) * 0.125f;
 }
@@ -55,19 +56,40 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
     gtp::kernels::WireSpec spec;
     int32_t nvfp4_2d = 0;
     int32_t mx_rounding = GTP_MX_ROUNDING_RCEIL;
+    int32_t gemm_scales = GTP_SCALE_LAYOUT_ROW_MAJOR;
   };
+  constexpr int32_t kBlocked = GTP_SCALE_LAYOUT_BLOCKED_128X4;
   const std::vector<Wire> wires = {
       {GTP_WIRE_FP8, {WireFormat::kFP8}},
       {GTP_WIRE_MXFP8, {WireFormat::kMXFP8}},
       {GTP_WIRE_MXFP8, {WireFormat::kMXFP8, ScaleRounding::kFloor}, 0, GTP_MX_ROUNDING_FLOOR},
       {GTP_WIRE_NVFP4, {WireFormat::kNVFP4}},
       {GTP_WIRE_NVFP4, {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D}, 1},
+      {GTP_WIRE_MXFP8, {WireFormat::kMXFP8}, 0, GTP_MX_ROUNDING_RCEIL, kBlocked},
+      {GTP_WIRE_NVFP4, {WireFormat::kNVFP4}, 0, GTP_MX_ROUNDING_RCEIL, kBlocked},
+      {GTP_WIRE_NVFP4, {WireFormat::kNVFP4, ScaleRounding::kRceil, Nvfp4Blocks::k2D}, 1, GTP_MX_ROUNDING_RCEIL, kBlocked},
+      {GTP_WIRE_FP8, {WireFormat::kFP8}, 0, GTP_MX_ROUNDING_RCEIL, kBlocked},  // no block scales: no effect
       {GTP_WIRE_BF16, {WireFormat::kBF16}}};
   constexpr int kWorld = 2, kExperts = 2;
   constexpr int64_t rows = 40, cols = 64;
   on_ranks(kWorld, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks);  // G = EG = 2
     ASSERT_NE(ctx, nullptr);
+    {
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      const std::vector<float> shard(rows * cols);
+      desc.name = "bad_scale_layout";
+      desc.shard = shard.data();
+      desc.dtype = GTP_DTYPE_FP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = GTP_WIRE_MXFP8;
+      desc.gemm_scale_layout = 5;
+      gtp_weight_t w{-1, 0};
+      EXPECT_GTP_ERROR(gtp_weight_register(ctx, &desc, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                       "gemm_scale_layout 5 is unknown; use GTP_SCALE_LAYOUT_ROW_MAJOR");
+      EXPECT_EQ(w.id, -1);
+    }
     for (const Wire& wire : wires) {
       const auto geometry = gtp::kernels::weight_geometry(wire.spec.format, rows, cols, kWorld);
       std::vector<std::vector<float>> shards(kExperts, std::vector<float>(geometry.shard_rows * cols));
@@ -84,6 +106,7 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
         desc.wire = wire.wire;
         desc.nvfp4_2d = wire.nvfp4_2d;
         desc.mx_rounding = wire.mx_rounding;
+        desc.gemm_scale_layout = wire.gemm_scales;
         desc.group = GTP_GROUP_EXPERT_GTP_REMAT;
         desc.expert_leader = e == 0 ? nullptr : &experts[0];
         ASSERT_EQ(gtp_weight_register(ctx, &desc, &experts[e]), GTP_SUCCESS) << gtp_last_error(ctx);
@@ -118,7 +141,12 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
       // A BF16 consumer of the same weights in the same step: another key, another buffer.
       ASSERT_EQ(gtp_materialize(ctx, experts, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptrs, 2, &count, nullptr),
                 GTP_SUCCESS) << gtp_last_error(ctx);
-      const std::string name = gtp::kernels::to_string(wire.spec);
+      const bool blocked = wire.gemm_scales == kBlocked;
+      const auto scale_layout = blocked ? gtp::kernels::ScaleLayout::kBlocked128x4 : gtp::kernels::ScaleLayout::kRowMajor;
+      const std::string name = gtp::kernels::to_string(wire.spec) + (blocked ? ", blocked scales" : "");
+      // A scale section's shape: the matrix, or (blocked) the whole 128 x 4 tiles holding it.
+      const auto tiled_rows = [&](int64_t n) { return blocked ? gtp::kernels::round_up(n, 128) : n; };
+      const auto tiled_cols = [&](int64_t n) { return blocked ? gtp::kernels::round_up(n, 4) : n; };
       for (int e = 0; e < kExperts; ++e) {
         std::vector<float> full(rows * cols);
         for (int64_t r = 0; r < rows; ++r)
@@ -142,7 +170,7 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           EXPECT_EQ(std::memcmp(v.data.ptr, bf16.data(), bf16.size() * 2), 0) << name;
           continue;
         }
-        const auto sizes = gtp::kernels::gemm_layout_sizes(wire.spec, geometry);
+        const auto sizes = gtp::kernels::gemm_layout_sizes(wire.spec, geometry, scale_layout);
         std::vector<unsigned char> data(sizes.data_bytes), scales(sizes.scales_bytes),
             data_t(sizes.transposed_data_bytes), scales_t(sizes.transposed_scales_bytes);
         std::vector<float> decode(sizes.decode_scale_count);
@@ -157,7 +185,9 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
         out.transposed_scales_capacity = sizes.transposed_scales_bytes;
         out.decode_scales = sizes.decode_scale_count > 0 ? decode.data() : nullptr;
         out.decode_scales_capacity = sizes.decode_scale_count;
+        out.scale_layout = scale_layout;
         gtp::kernels::unpack_gemm_reference(wire.spec, in, out);
+        EXPECT_EQ(v.scale_layout, wire.gemm_scales) << name;
         EXPECT_EQ(v.layout, GTP_LAYOUT_GEMM) << name;
         EXPECT_EQ(v.nvfp4_2d, wire.nvfp4_2d) << name;
         EXPECT_EQ(v.gemm_rows, sizes.gemm_rows) << name;
@@ -174,12 +204,13 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           EXPECT_EQ(v.data_t.rows, cols);
           EXPECT_EQ(v.data_t.cols, sizes.gemm_rows);
           EXPECT_EQ(std::memcmp(v.data_t.ptr, data_t.data(), data_t.size()), 0) << name << " transpose";
-        } else if (wire.nvfp4_2d != 0) {  // 16x16 tiles: scales per tile, and the exact transpose
-          EXPECT_EQ(v.scale_block_rows, 16);
+        } else if (wire.nvfp4_2d != 0) {  // 16x16 tiles: scales per tile (blocked: per row), exact transpose
+          EXPECT_EQ(v.scale_block_rows, blocked ? 1 : 16);
           EXPECT_EQ(v.scale_block_cols, 16);
           EXPECT_EQ(v.scales.dtype, GTP_ELEM_E4M3);
-          EXPECT_EQ(v.scales.rows, sizes.gemm_rows / 16);
-          EXPECT_EQ(v.scales.cols, cols / 16);
+          EXPECT_EQ(v.scales.rows, tiled_rows(blocked ? sizes.gemm_rows : sizes.gemm_rows / 16));
+          EXPECT_EQ(v.scales.cols, tiled_cols(cols / 16));
+          EXPECT_EQ(v.scales.rows * v.scales.cols, sizes.scales_bytes);
           EXPECT_EQ(std::memcmp(v.scales.ptr, scales.data(), scales.size()), 0) << name << " scales expert " << e;
           ASSERT_TRUE(sizes.transpose_supported) << name;
           EXPECT_EQ(v.data_t.dtype, GTP_ELEM_E2M1);
@@ -188,8 +219,8 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           ASSERT_NE(v.data_t.ptr, nullptr) << name;
           EXPECT_EQ(std::memcmp(v.data_t.ptr, data_t.data(), data_t.size()), 0) << name << " transpose expert " << e;
           EXPECT_EQ(v.scales_t.dtype, GTP_ELEM_E4M3);
-          EXPECT_EQ(v.scales_t.rows, cols / 16);
-          EXPECT_EQ(v.scales_t.cols, sizes.gemm_rows / 16);
+          EXPECT_EQ(v.scales_t.rows, tiled_rows(blocked ? cols : cols / 16));
+          EXPECT_EQ(v.scales_t.cols, tiled_cols(sizes.gemm_rows / 16));
           ASSERT_NE(v.scales_t.ptr, nullptr) << name;
           EXPECT_EQ(std::memcmp(v.scales_t.ptr, scales_t.data(), scales_t.size()), 0)
               << name << " transposed scales expert " << e;
@@ -197,8 +228,9 @@ TEST(CAbi, GemmLayoutViewsMatchTheReferenceAndMisuseIsRefused) {
           EXPECT_EQ(v.data_t.ptr, nullptr) << name << ": its scale blocks run along rows, no exact transpose";
           EXPECT_EQ(v.scales_t.ptr, nullptr) << name;
           EXPECT_EQ(v.scales.dtype, wire.wire == GTP_WIRE_MXFP8 ? GTP_ELEM_E8M0 : GTP_ELEM_E4M3);
-          EXPECT_EQ(v.scales.rows, sizes.gemm_rows);
-          EXPECT_EQ(v.scales.cols * v.scale_block_cols, cols);
+          EXPECT_EQ(v.scales.rows, tiled_rows(sizes.gemm_rows));
+          EXPECT_EQ(v.scales.cols, tiled_cols(cols / v.scale_block_cols));
+          EXPECT_EQ(v.scale_block_cols, wire.wire == GTP_WIRE_MXFP8 ? 32 : 16);
           EXPECT_EQ(v.scale_block_rows, 1);
           EXPECT_EQ(std::memcmp(v.scales.ptr, scales.data(), scales.size()), 0) << name << " scales expert " << e;
         }

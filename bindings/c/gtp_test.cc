@@ -172,11 +172,11 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.5 but this libgtp is 0.4");
+                   "compiled against gtp.h 0.6 but this libgtp is 0.5");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version -= 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.3 but this libgtp is 0.4");  // 0.4 added gtp_grad_buffer_ex
+                   "compiled against gtp.h 0.4 but this libgtp is 0.5");  // 0.5 added gemm_scale_layout
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 10000; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 1.4");
+                   "compiled against gtp.h 1.5");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.timeout_ms = 0; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "timeout_ms");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = static_cast<gtp_backend_t>(9); }),

@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 4, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 5, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -26,6 +26,7 @@ DTYPE_BF16, DTYPE_FP32 = 0, 1
 WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = 0, 1, 2, 3
 # gtp_mx_rounding_t
 MX_ROUNDING_RCEIL, MX_ROUNDING_FLOOR = 0, 1
+SCALE_LAYOUT_ROW_MAJOR, SCALE_LAYOUT_BLOCKED_128X4 = 0, 1  # gtp_scale_layout_t, since 0.5
 GROUP_GTP_REMAT, GROUP_EXPERT_GTP_REMAT = 0, 1
 PHASE_FORWARD, PHASE_BACKWARD, PHASE_RECOMPUTE = 0, 1, 2
 LAYOUT_BF16, LAYOUT_GEMM = 0, 1
@@ -83,7 +84,8 @@ class gtp_weight_desc_t(ctypes.Structure):
                 ("dtype", ctypes.c_int), ("rows", ctypes.c_int64), ("cols", ctypes.c_int64), ("wire", ctypes.c_int),
                 ("group", ctypes.c_int), ("main_grad", ctypes.c_void_p),
                 ("expert_leader", ctypes.POINTER(gtp_weight_t)),
-                ("nvfp4_2d", ctypes.c_int32), ("mx_rounding", ctypes.c_int32)]  # since 0.3
+                ("nvfp4_2d", ctypes.c_int32), ("mx_rounding", ctypes.c_int32),  # since 0.3
+                ("gemm_scale_layout", ctypes.c_int32)]  # since 0.5
 
 
 # gtp_grad_buffer_ex flags (since 0.4)
@@ -105,7 +107,7 @@ class gtp_materialized_t(ctypes.Structure):
                 ("data", gtp_section_t), ("scales", gtp_section_t), ("data_t", gtp_section_t),
                 ("scales_t", gtp_section_t), ("decode_scales", gtp_section_t), ("gemm_rows", ctypes.c_int64),
                 ("decode_scale_rows", ctypes.c_int64), ("scale_block_rows", ctypes.c_int32),
-                ("scale_block_cols", ctypes.c_int32)]
+                ("scale_block_cols", ctypes.c_int32), ("scale_layout", ctypes.c_int32)]  # since 0.5
 
 
 def _candidates():

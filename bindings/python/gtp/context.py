@@ -16,6 +16,8 @@ GROUPS = {"gtp_remat": _lib.GROUP_GTP_REMAT, "expert_gtp_remat": _lib.GROUP_EXPE
 BACKENDS = {"host": _lib.BACKEND_HOST, "cuda": _lib.BACKEND_CUDA}
 DTYPES = {"bf16": _lib.DTYPE_BF16, "fp32": _lib.DTYPE_FP32}
 MX_ROUNDINGS = {"rceil": _lib.MX_ROUNDING_RCEIL, "floor": _lib.MX_ROUNDING_FLOOR}
+SCALE_LAYOUTS = {"row_major": _lib.SCALE_LAYOUT_ROW_MAJOR, "blocked_128x4": _lib.SCALE_LAYOUT_BLOCKED_128X4}
+_SCALE_LAYOUT_NAMES = {v: k for k, v in SCALE_LAYOUTS.items()}
 LAYOUTS = {"bf16": _lib.LAYOUT_BF16, "gemm": _lib.LAYOUT_GEMM}
 _LAYOUT_NAMES = {v: k for k, v in LAYOUTS.items()}
 _WIRE_NAMES = {v: k for k, v in WIRES.items()}
@@ -111,6 +113,7 @@ class Materialized:
     gemm_rows: int
     decode_scale_rows: int
     scale_block: tuple    # (rows, cols) of elements one scale covers; (0, 0) without scales
+    scale_layout: str = "row_major"  # of scales / scales_t: "row_major" or "blocked_128x4" (cuBLASLt tile order)
 
     def sections(self):
         return {name: getattr(self, name) for name in ("data", "scales", "data_t", "scales_t", "decode_scales")
@@ -313,12 +316,14 @@ class Context:
 
     # -- weights --
     def register(self, name, shard, rows, cols, *, dtype=None, wire="bf16", group="gtp_remat", main_grad=None,
-                 expert_leader=None, nvfp4_2d=False, mx_rounding="rceil"):
+                 expert_leader=None, nvfp4_2d=False, mx_rounding="rceil", gemm_scales="row_major"):
         """Registers this rank's shard of a rows x cols weight.
 
         nvfp4_2d: NVFP4 16x16 scale blocks (their GEMM layout has the exact transpose); wire="nvfp4" only.
         mx_rounding: the MXFP8 E8M0 scale rule, "rceil" (TransformerEngine) or "floor" (OCP MX v1.0);
         ignored by the other wires. Experts must match their leader in both.
+        gemm_scales: how the GEMM layout stores MXFP8 / NVFP4 block scales, "row_major" or "blocked_128x4"
+        (the 128 x 4 tile order of cuBLASLt's block-scaled GEMMs, docs/formats.md "Blocked scales").
 
         shard, main_grad: numpy arrays (shard: float32, or uint16 holding BF16 bits; main_grad: float32),
         C-contiguous, shape (valid_rows, cols) as `geometry()` gives; or integer addresses with `dtype`
@@ -361,6 +366,7 @@ class Context:
         desc.main_grad = grad_ptr
         desc.nvfp4_2d = 1 if nvfp4_2d else 0
         desc.mx_rounding = _choice(MX_ROUNDINGS, mx_rounding, "mx_rounding")
+        desc.gemm_scale_layout = _choice(SCALE_LAYOUTS, gemm_scales, "gemm_scales")
         leader = None
         if expert_leader is not None:
             leader = _lib.gtp_weight_t(expert_leader.handle.id, expert_leader.handle.generation)
@@ -453,7 +459,7 @@ class Context:
         return Materialized(weight, _LAYOUT_NAMES[m.layout], _WIRE_NAMES[m.wire], bool(m.nvfp4_2d), m.rows, m.cols,
                             section(m.data), section(m.scales), section(m.data_t), section(m.scales_t),
                             section(m.decode_scales), m.gemm_rows, m.decode_scale_rows,
-                            (m.scale_block_rows, m.scale_block_cols))
+                            (m.scale_block_rows, m.scale_block_cols), _SCALE_LAYOUT_NAMES[m.scale_layout])
 
     def release(self, weights, stream=None, layout=None):
         """Ends the use opened by the matching materialize. layout=None works while the weights are held

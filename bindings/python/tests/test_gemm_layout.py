@@ -231,3 +231,59 @@ def test_register_takes_the_nvfp4_block_shape_and_the_mxfp8_rounding():
         assert "mx_rounding='up' is unknown" in errors["rounding"][1]
         assert errors["expert"][0] == "InvalidArgumentError"
         assert "nvfp4 (1d), the leader's nvfp4 (2d)" in errors["expert"][1]
+
+
+def unblock(section_bytes, rows, cols):
+    """Blocked 128x4 scale bytes -> the [rows, cols] matrix, undoing the tile order PyTorch code builds
+    for cuBLASLt (view(nrb, 128, ncb, 4).permute(0, 2, 1, 3), then 4 x 32 -> 32 x 4 inside each tile);
+    also returns the whole padded matrix."""
+    nrb, ncb = -(-rows // 128), -(-cols // 4)
+    tiles = np.asarray(section_bytes).reshape(nrb, ncb, 32, 4, 4)  # tile row, tile col, r % 32, r // 32, c % 4
+    padded = tiles.transpose(0, 3, 2, 1, 4).reshape(nrb * 128, ncb * 4)
+    return padded[:rows, :cols], padded
+
+
+def _blocked_scales(rank, world, store_dir):
+    store = gtp.FileStore(store_path(store_dir))
+    out = {}
+    with gtp.Context(store, rank, world) as ctx:
+        for wire, two_d in (("mxfp8", False), ("nvfp4", False), ("nvfp4", True)):
+            g = ctx.geometry(ROWS, COLS, wire)
+            shard = full_weight(7)[g.row_start:g.row_start + g.valid_rows].copy()
+            pair = [ctx.register(f"{wire}{two_d}_{layout}", shard, ROWS, COLS, wire=wire, nvfp4_2d=two_d,
+                                 gemm_scales=layout) for layout in ("row_major", "blocked_128x4")]
+            ctx.shard_updated(pair)
+            views = [ctx.materialize_views([w], layout="gemm")[0] for w in pair]
+            out[(wire, two_d)] = [{"scale_layout": v.scale_layout, "scale_block": v.scale_block,
+                                   "sections": {k: (s.dtype, s.rows, s.cols, s.array.copy())
+                                                for k, s in v.sections().items()}} for v in views]
+            for w in pair:
+                ctx.release([w], layout="gemm")
+        ctx.drain()
+        try:
+            ctx.register("bad", shard, ROWS, COLS, wire="mxfp8", gemm_scales="swizzled")
+        except ValueError as e:
+            out["error"] = str(e)
+    return out
+
+
+def test_blocked_scales_hold_the_row_major_scales_in_cublas_tile_order():
+    results = run_ranks(_blocked_scales, 2)
+    for r in results:
+        assert "gemm_scales='swizzled' is unknown" in r["error"]
+        for (wire, two_d), (row_major, blocked) in ((k, v) for k, v in r.items() if k != "error"):
+            assert (row_major["scale_layout"], blocked["scale_layout"]) == ("row_major", "blocked_128x4")
+            assert blocked["scale_block"] == ((1, 16) if wire == "nvfp4" else (1, 32))
+            rm, bl = row_major["sections"], blocked["sections"]
+            np.testing.assert_array_equal(rm["data"][3], bl["data"][3])
+            for name in ("scales", "scales_t") if two_d else ("scales",):
+                matrix = rm[name][3]
+                if two_d:  # blocked: a scale row per code row, each 16x16 tile's scale on its 16 rows
+                    matrix = np.repeat(matrix, 16, axis=0)
+                dtype, rows, cols, section = bl[name]
+                assert dtype == rm[name][0] and rows % 128 == 0 and cols % 4 == 0, name
+                got, padded = unblock(section, *matrix.shape)
+                np.testing.assert_array_equal(got, matrix, err_msg=f"{wire} 2d={two_d} {name}")
+                assert padded.sum() == matrix.astype(np.int64).sum(), "the tile padding is zero"
+            if two_d:
+                np.testing.assert_array_equal(rm["data_t"][3], bl["data_t"][3])

@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 4
+#define GTP_VERSION_MINOR 5
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
@@ -116,6 +116,12 @@ typedef enum {
   GTP_MX_ROUNDING_RCEIL = 0, /* TransformerEngine's rule, the default */
   GTP_MX_ROUNDING_FLOOR = 1  /* OCP MX v1.0 */
 } gtp_mx_rounding_t;
+/* How the GEMM layout stores MXFP8 and NVFP4 block scales (docs/formats.md, "Blocked scales"); wires
+ * without block scales ignore it. Since 0.5. */
+typedef enum {
+  GTP_SCALE_LAYOUT_ROW_MAJOR = 0,    /* the scale matrix row-major, the default */
+  GTP_SCALE_LAYOUT_BLOCKED_128X4 = 1 /* cuBLASLt's / cuDNN's 128 x 4 tiles for block-scaled GEMMs */
+} gtp_scale_layout_t;
 typedef enum { GTP_GROUP_GTP_REMAT = 0, GTP_GROUP_EXPERT_GTP_REMAT = 1 } gtp_group_t;
 typedef enum { GTP_PHASE_FORWARD = 0, GTP_PHASE_BACKWARD = 1, GTP_PHASE_RECOMPUTE = 2 } gtp_phase_t;
 /* BF16: the BF16 weight [rows, cols]. GEMM: the GEMM-ready codes, scales, exact transpose and decode
@@ -136,11 +142,13 @@ typedef struct {
   /* Since 0.3 (fields are only ever added at the end): */
   int32_t nvfp4_2d;        /* nonzero: NVFP4 16x16 scale blocks (exact transpose); NVFP4 wire only */
   int32_t mx_rounding;     /* gtp_mx_rounding_t; MXFP8 only, ignored by the other wires */
+  /* Since 0.5: */
+  int32_t gemm_scale_layout; /* gtp_scale_layout_t of the GEMM layout's scales and scales_t */
 } gtp_weight_desc_t;
 
 #define GTP_WEIGHT_DESC_INITIALIZER \
   { sizeof(gtp_weight_desc_t), NULL, NULL, GTP_DTYPE_BF16, 0, 0, GTP_WIRE_FROM_GROUP, GTP_GROUP_GTP_REMAT, NULL, NULL, \
-    0, GTP_MX_ROUNDING_RCEIL }
+    0, GTP_MX_ROUNDING_RCEIL, GTP_SCALE_LAYOUT_ROW_MAJOR }
 
 gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out);
 gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w);
@@ -190,12 +198,16 @@ typedef struct {
   int64_t gemm_rows;           /* rows rounded up to the wire's row alignment (extra rows are zero codes) */
   int64_t decode_scale_rows;   /* the shard rows one decode scale covers */
   int32_t scale_block_rows, scale_block_cols; /* elements per scale: 1x32, 1x16, 16x16; 0 without scales */
+  /* Since 0.5: the layout of scales and scales_t. GTP_SCALE_LAYOUT_BLOCKED_128X4: each section's bytes
+   * are its rows x cols entries in 128 x 4 tile order (rows a multiple of 128, cols of 4, the padding
+   * zero), one scale row per code row, so NVFP4 2D tiles repeat their scale and scale_block_rows is 1. */
+  int32_t scale_layout;
 } gtp_materialized_t;
 
 #define GTP_SECTION_NONE { NULL, GTP_ELEM_NONE, 0, 0, 0 }
 #define GTP_MATERIALIZED_INITIALIZER \
   { sizeof(gtp_materialized_t), GTP_LAYOUT_BF16, GTP_WIRE_BF16, 0, 0, 0, GTP_SECTION_NONE, GTP_SECTION_NONE, \
-    GTP_SECTION_NONE, GTP_SECTION_NONE, GTP_SECTION_NONE, 0, 0, 0, 0 }
+    GTP_SECTION_NONE, GTP_SECTION_NONE, GTP_SECTION_NONE, 0, 0, 0, 0, GTP_SCALE_LAYOUT_ROW_MAJOR }
 
 /* gtp_materialize in any layout: fills out[0 .. *out_count) (experts after their leader); every entry up
  * to the expanded count must carry struct_size. Pointers stay valid until the matching release. */

@@ -175,4 +175,71 @@ TEST(CAbiCuda, OneRankMaterializesEveryWireLikeTheReferenceAndReducesGrads) {
   cudaFree(shard);
 }
 
+// The GEMM layout on the CUDA backend, row-major and blocked 128x4 scales (MXFP8, NVFP4 1D and 2D):
+// every section byte-equal to a host context's on the same data (the host backend runs the reference).
+TEST(CAbiCuda, GemmLayoutInBothScaleLayoutsMatchesTheHostContext) {
+  std::string why;
+  if (!gtp::kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto group = gtp::comm::ThreadBootstrap::create_group(1, gtp::cabi_test::kTimeout);
+  const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);
+  const std::vector<uint16_t> bits = source_bits();
+  void* shard = nullptr;
+  ASSERT_EQ(cudaMalloc(&shard, bits.size() * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shard, bits.data(), bits.size() * sizeof(uint16_t), cudaMemcpyHostToDevice), cudaSuccess);
+  struct Case {
+    gtp_wire_t wire;
+    int32_t nvfp4_2d, scale_layout;
+  };
+  const Case cases[] = {{GTP_WIRE_MXFP8, 0, GTP_SCALE_LAYOUT_ROW_MAJOR}, {GTP_WIRE_MXFP8, 0, GTP_SCALE_LAYOUT_BLOCKED_128X4},
+                        {GTP_WIRE_NVFP4, 0, GTP_SCALE_LAYOUT_BLOCKED_128X4}, {GTP_WIRE_NVFP4, 1, GTP_SCALE_LAYOUT_ROW_MAJOR},
+                        {GTP_WIRE_NVFP4, 1, GTP_SCALE_LAYOUT_BLOCKED_128X4}};
+  // Every section of the case's GEMM view, as host bytes, from a context of `backend`.
+  auto sections_of = [&](gtp_backend_t backend, const void* weight_shard, const Case& c) {
+    std::vector<std::vector<unsigned char>> out;
+    gtp_context_t* ctx = nullptr;
+    EXPECT_EQ(create(callbacks, backend, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+    if (ctx == nullptr) return out;
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    desc.name = "gemm";
+    desc.shard = weight_shard;
+    desc.rows = kRows;
+    desc.cols = kCols;
+    desc.wire = c.wire;
+    desc.nvfp4_2d = c.nvfp4_2d;
+    desc.gemm_scale_layout = c.scale_layout;
+    gtp_weight_t w{};
+    EXPECT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_weights_shard_updated(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    gtp_materialized_t v = GTP_MATERIALIZED_INITIALIZER;
+    size_t count = 0;
+    EXPECT_EQ(gtp_materialize_views(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_GEMM, &v, 1, &count, nullptr),
+              GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(v.scale_layout, c.scale_layout);
+    for (const gtp_section_t* s : {&v.data, &v.scales, &v.data_t, &v.scales_t, &v.decode_scales}) {
+      const size_t element_bits = s->dtype == GTP_ELEM_E2M1 ? 4 : s->dtype == GTP_ELEM_FP32 ? 32 : 8;
+      std::vector<unsigned char> bytes(static_cast<size_t>(s->rows * s->cols) * element_bits / 8);
+      if (!bytes.empty()) EXPECT_EQ(cudaMemcpy(bytes.data(), s->ptr, bytes.size(), cudaMemcpyDefault), cudaSuccess);
+      out.push_back(std::move(bytes));
+    }
+    EXPECT_EQ(gtp_release_layout(ctx, &w, 1, GTP_LAYOUT_GEMM, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+    return out;
+  };
+  const char* const section_names[] = {"data", "scales", "data_t", "scales_t", "decode_scales"};
+  for (const Case& c : cases) {
+    const auto want = sections_of(GTP_BACKEND_HOST, bits.data(), c);
+    const auto got = sections_of(GTP_BACKEND_CUDA, shard, c);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_FALSE(want[1].empty()) << "the case has no scales";
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "wire " << c.wire << " nvfp4_2d " << c.nvfp4_2d << " scale layout "
+                                 << c.scale_layout << ": " << section_names[i];
+    }
+  }
+  cudaFree(shard);
+}
+
 }  // namespace

@@ -148,7 +148,7 @@ struct Row {
 };
 
 void print_row(const Row& r) {
-  std::printf("%-9s %-16s %6ld %12.0f %10.1f %9.1f %9.1f %7.1f%% %7.1f%%\n", r.format.c_str(),
+  std::printf("%-9s %-21s %6ld %12.0f %10.1f %9.1f %9.1f %7.1f%% %7.1f%%\n", r.format.c_str(),
               r.op.c_str(), static_cast<long>(r.shard_mib), r.bytes, r.us, r.gbps, r.copy_gbps,
               r.percent_of_copy, r.percent_of_shard_copy);
 }
@@ -162,7 +162,7 @@ std::vector<Row> run_gpu(const Options& o, json& machine) {
              {"l2_bytes", prop.l2CacheSize}, {"driver", driver}};
   std::printf("GPU path: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20);
-  std::printf("%-9s %-16s %6s %12s %10s %9s %9s %8s %8s\n", "format", "op", "MiB", "bytes", "us",
+  std::printf("%-9s %-21s %6s %12s %10s %9s %9s %8s %8s\n", "format", "op", "MiB", "bytes", "us",
               "GB/s", "copyGB/s", "of copy", "of shard copy");
   std::vector<Row> rows;
   for (int64_t mib : o.sizes_mib) {
@@ -246,23 +246,29 @@ std::vector<Row> run_gpu(const Options& o, json& machine) {
             unpack_cuda(v.spec, {chunk_at(i), layout.chunk_bytes, geometry}, dst_at(i),
                         shard_bytes, nullptr);
           }, o.warmup, o.iters));
-      if (v.spec.format != WireFormat::kBF16) {
-        const GemmLayoutSizes sizes = gemm_layout_sizes(v.spec, geometry);
+      // The GEMM layout, and for formats with block scales also with the blocked 128x4 scales
+      // (rows "..._blocked").
+      for (ScaleLayout scale_layout : {ScaleLayout::kRowMajor, ScaleLayout::kBlocked128x4}) {
+        if (v.spec.format == WireFormat::kBF16) break;
+        const GemmLayoutSizes sizes = gemm_layout_sizes(v.spec, geometry, scale_layout);
+        const bool blocked = scale_layout == ScaleLayout::kBlocked128x4;
+        if (blocked && sizes.scale_rows == 0) break;
         // Outputs: data and transposed data side by side in the destination area.
         auto gemm = [&](int i, bool transpose) {
           uint8_t* base = dst_at(i);
-          // data <= shard/2 at 0, scales <= shard/32 at shard/2, transposed data <= shard/2 at
+          // data <= shard/2 at 0, scales <= shard/16 at shard/2, transposed data <= shard/2 at
           // shard, transposed scales at 3/2 shard, decode scales at 2 shard.
           GemmOutputs out{base, sizes.data_bytes, base + shard_bytes / 2, sizes.scales_bytes,
                           transpose ? base + shard_bytes : nullptr, sizes.transposed_data_bytes,
                           base + 3 * shard_bytes / 2, sizes.transposed_scales_bytes,
-                          reinterpret_cast<float*>(base + 2 * shard_bytes), 1};
+                          reinterpret_cast<float*>(base + 2 * shard_bytes), 1, scale_layout};
           unpack_gemm_cuda(v.spec, {chunk_at(i), layout.chunk_bytes, geometry}, out, nullptr);
         };
+        const std::string suffix = blocked ? "_blocked" : "";
         const double gemm_bytes = layout.chunk_bytes + sizes.data_bytes + sizes.scales_bytes;
-        add("unpack_gemm", gemm_bytes, median_us([&](int i) { gemm(i, false); }, o.warmup, o.iters));
+        add("unpack_gemm" + suffix, gemm_bytes, median_us([&](int i) { gemm(i, false); }, o.warmup, o.iters));
         if (sizes.transpose_supported) {
-          add("unpack_gemm_t",
+          add("unpack_gemm_t" + suffix,
               gemm_bytes + sizes.transposed_data_bytes + sizes.transposed_scales_bytes,
               median_us([&](int i) { gemm(i, true); }, o.warmup, o.iters));
         }

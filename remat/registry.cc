@@ -95,6 +95,14 @@ WeightId Registry::add(const WeightDesc& desc) {
                                   "rows and cols; this expert's wire is " + kernels::to_string(desc.wire) +
                                   ", the leader's " + kernels::to_string(leader.desc.wire));
     }
+    // A grouped GEMM reads every expert's scales the same way.
+    if (leader.desc.gemm_scales != desc.gemm_scales) {
+      throw std::invalid_argument(quoted(desc) + ": an expert's GEMM scales must be laid out like its leader '" +
+                                  leader.desc.name + "'s: this expert asks for " +
+                                  kernels::to_string(desc.gemm_scales) + ", the leader has " +
+                                  kernels::to_string(leader.desc.gemm_scales) +
+                                  "; register the group's experts with one gemm_scale_layout");
+    }
   }
   weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
   const WeightId id = static_cast<WeightId>(weights_.size());

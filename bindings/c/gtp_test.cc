@@ -334,6 +334,11 @@ TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
     bad.expert_leader = &leader;
     EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
                      "this expert's wire is mxfp8 (floor), the leader's mxfp8 (rceil)");
+    // ... or its GEMM scale layout: a grouped GEMM reads all experts' scales one way.
+    bad.mx_rounding = GTP_MX_ROUNDING_RCEIL;
+    bad.gemm_scale_layout = GTP_SCALE_LAYOUT_BLOCKED_128X4;
+    EXPECT_GTP_ERROR(gtp_weight_register(ctx, &bad, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                     "this expert asks for blocked 128x4, the leader has row-major");
     ASSERT_EQ(gtp_weight_unregister(ctx, leader), GTP_SUCCESS) << gtp_last_error(ctx);
     // A 0.2 caller's struct is two int32 shorter.
     bad = desc;

@@ -69,7 +69,15 @@ def test_linear_passes_the_block_shape_and_the_scale_rounding_to_the_wire(tmp_pa
         assert nvfp4.weight.gtp_weight.nvfp4_2d
         views = ctx.materialize_views([nvfp4.weight.gtp_weight], layout="gemm")
         assert views[0].data_t is not None and views[0].scales_t is not None
+        assert views[0].scale_layout == "row_major"
         ctx.release([nvfp4.weight.gtp_weight], layout="gemm")
+        # gemm_scales reaches the wire: blocked 128x4 scale sections, whole tiles, as tensors too.
+        blocked = gt.Linear(IN, 32, context=ctx, bias=False, wire="nvfp4", nvfp4_2d=True, gemm_scales="blocked_128x4")
+        [view] = ctx.materialize_views([blocked.weight], layout="gemm")
+        assert view.scale_layout == "blocked_128x4" and view.scale_block == (1, 16)
+        assert tuple(view.scales.tensor.shape) == (128, 4)  # 32 rows x IN/16 scales, padded to one tile
+        assert view.scales_t.rows % 128 == 0 and view.scales_t.cols % 4 == 0
+        ctx.release([blocked.weight], layout="gemm")
         results = {}
         for rounding in ("rceil", "floor"):
             layer = gt.Linear(IN, 32, context=ctx, bias=False, wire="mxfp8", mx_rounding=rounding)

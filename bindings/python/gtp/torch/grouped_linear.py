@@ -81,7 +81,7 @@ class GroupedLinear(torch.nn.Module):
 
     def __init__(self, num_gemms, in_features, out_features, bias=True, *, context=None, wire="bf16",
                  group="expert_gtp_remat", name=None, dtype=torch.float32, device=None, nvfp4_2d=False,
-                 mx_rounding="rceil"):
+                 mx_rounding="rceil", gemm_scales="row_major"):
         super().__init__()
         if num_gemms <= 0:
             raise ValueError(f"num_gemms={num_gemms}; a GroupedLinear needs at least one expert")
@@ -99,7 +99,7 @@ class GroupedLinear(torch.nn.Module):
                 g = context.geometry(out_features, in_features, wire, group)
                 weight = ShardedParameter(full[g.row_start:g.row_start + g.valid_rows].contiguous(), context,
                                           f"{name}.weight{i}", out_features, in_features, wire, group, leader,
-                                          nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding)
+                                          nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding, gemm_scales=gemm_scales)
                 leader = weight if leader is None else leader
             self.register_parameter(f"weight{i}", weight)
         if context is not None:

@@ -94,7 +94,8 @@ class Linear(torch.nn.Module):
     """
 
     def __init__(self, in_features, out_features, bias=True, *, context=None, wire="bf16", parallel_mode="column",
-                 tp_group=None, name=None, dtype=torch.float32, device=None, nvfp4_2d=False, mx_rounding="rceil"):
+                 tp_group=None, name=None, dtype=torch.float32, device=None, nvfp4_2d=False, mx_rounding="rceil",
+                 gemm_scales="row_major"):
         super().__init__()
         if parallel_mode not in ("column", "row"):
             raise ValueError(f"parallel_mode={parallel_mode!r}; use 'column' or 'row'")
@@ -123,7 +124,8 @@ class Linear(torch.nn.Module):
             g = context.geometry(rows, cols, wire)
             name = name or f"linear{len(context.parameters)}"
             self.weight = ShardedParameter(local[g.row_start:g.row_start + g.valid_rows].contiguous(), context, name,
-                                           rows, cols, wire, nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding)
+                                           rows, cols, wire, nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding,
+                                           gemm_scales=gemm_scales)
             context.shard_updated([self.weight])  # collective: every rank builds the same layers in one order
         if bias:
             bound = 1 / math.sqrt(in_features)

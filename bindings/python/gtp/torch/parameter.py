@@ -17,12 +17,13 @@ class ShardedParameter(torch.nn.Parameter):
     leader's materialize_group_* then returns every member's weight from one call, and its
     finalize_group_grads reduces every member's grad buffer.
 
-    nvfp4_2d, mx_rounding: the wire's NVFP4 block shape and MXFP8 scale rule (gtp.Context.register)."""
+    nvfp4_2d, mx_rounding: the wire's NVFP4 block shape and MXFP8 scale rule; gemm_scales: the GEMM layout's
+    scale order, "row_major" or "blocked_128x4" (all three as gtp.Context.register takes them)."""
 
     is_distributed_weight = True  # TE's capability flag
 
     def __new__(cls, shard, context, name, rows, cols, wire="bf16", group="gtp_remat", expert_leader=None,
-                nvfp4_2d=False, mx_rounding="rceil"):
+                nvfp4_2d=False, mx_rounding="rceil", gemm_scales="row_major"):
         if shard.dtype not in _DTYPES:
             raise ValueError(f"shard dtype {shard.dtype} is not torch.float32 or torch.bfloat16")
         geometry = context.geometry(rows, cols, wire, group)
@@ -41,7 +42,7 @@ class ShardedParameter(torch.nn.Parameter):
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
             wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None,
             expert_leader=None if expert_leader is None else expert_leader.gtp_weight,
-            nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding)
+            nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding, gemm_scales=gemm_scales)
         param.gtp_weight.user = param
         param.group_members = [param]  # a leader's grow with its experts, in registration order
         if expert_leader is not None:

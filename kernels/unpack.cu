@@ -7,7 +7,6 @@
 
 #include "kernels/cuda_kernels.h"
 #include "kernels/internal/device_io.cuh"
-#include "kernels/scale_layout.h"
 #include "kernels/transpose.h"
 
 namespace gtp::kernels {
@@ -24,13 +23,25 @@ struct Chunks {
   int64_t scales_offset;
   int64_t scalars_offset;
   __device__ const uint8_t* chunk_of(int64_t r) const { return base + (r / shard_rows) * chunk_bytes; }
-  // Row r's code row, for formats whose shards are whole 16-row bands (FP8, NVFP4): the chunk by a
+  // The chunk holding row r, for formats whose shards are whole 16-row bands (all but BF16): a
   // 32-bit division of band numbers, far cheaper than the 64-bit division of row numbers, which
   // the tile kernels would pay on every row they load (exact below 2^36 rows).
+  __device__ uint32_t chunk_by_band(int64_t r) const {
+    return static_cast<uint32_t>(r >> 4) / static_cast<uint32_t>(shard_rows >> 4);
+  }
   __device__ const uint8_t* code_row_by_band(int64_t r, int64_t row_bytes) const {
-    const uint32_t band = static_cast<uint32_t>(r >> 4), shard_bands = static_cast<uint32_t>(shard_rows >> 4);
-    const uint32_t chunk = band / shard_bands;
+    const uint32_t chunk = chunk_by_band(r);
     return base + chunk * chunk_bytes + (r - int64_t{chunk} * shard_rows) * row_bytes;
+  }
+  // Row r's block scales, `per_row` bytes, for the 1D-block formats (MXFP8, NVFP4 1D).
+  __device__ const uint8_t* scale_row(int64_t r, int64_t per_row) const {
+    const uint32_t chunk = chunk_by_band(r);
+    return base + chunk * chunk_bytes + scales_offset + (r - int64_t{chunk} * shard_rows) * per_row;
+  }
+  // The block scales of NVFP4 2D 16-row band `band`, `per_row` bytes.
+  __device__ const uint8_t* band_scale_row(int64_t band, int64_t per_row) const {
+    const uint32_t chunk = chunk_by_band(16 * band);
+    return base + chunk * chunk_bytes + scales_offset + (band - int64_t{chunk} * (shard_rows / 16)) * per_row;
   }
   __device__ float decode_scale(const uint8_t* chunk) const {
     // Chunks are read-only for the whole kernel: every read takes the non-coherent path.
@@ -260,15 +271,84 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
   });
 }
 
+// Blocked 128x4 scales (docs/formats.md) are written as whole tiles, shared out over every warp of
+// the launch after its own rows or tiles: a warp takes a 512-byte tile and lane L its 16-byte line
+// L (rows L, L+32, L+64 and L+96 of the tile, 4 columns each), so each warp store covers 512
+// contiguous bytes, and the latency of the scale loads overlaps other warps' streaming. Byte
+// stores from the code loop wrote 4 bytes of every 32-byte sector they touched and held the
+// blocked unpack at 71-89 % of copy; tiles written by extra blocks after all the code blocks ran
+// alone and slower still (perf-notes v22). Entries outside the matrix are written as 0, so the tile
+// padding needs no memset. word_at(r, c0) returns row r's scales c0 .. c0 + 3 as one word (byte j:
+// column c0 + j), zero past the last column.
+struct BlockedScales {
+  uint8_t* out;
+  int64_t rows, cols;  // the matrix's unpadded shape
+};
+
+template <typename WordAt>
+__device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, WordAt&& word_at) {
+  constexpr int kWarps = kThreads / 32;
+  const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
+  const int lane = threadIdx.x % 32;
+  for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
+       t += int64_t{gridDim.x} * kWarps) {
+    // 32-bit division: a scale matrix has far fewer than 2^32 tiles (each covers 512 scales).
+    const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
+    const int64_t r0 = int64_t{tile_row} * 128 + lane, c0 = (t - int64_t{tile_row} * tiles_per_row) * 4;
+    uint32_t line[4];  // word k: row r0 + 32k
+#pragma unroll
+    for (int k = 0; k < 4; ++k) line[k] = r0 + 32 * k < m.rows ? word_at(r0 + 32 * k, c0) : 0u;
+    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
+  }
+}
+
+// The same tiles for a matrix whose rows repeat in runs of 16 (NVFP4 2D blocks: `scales` repeats
+// each band's row, `scales_t` each block column's): a tile's 128 rows then hold 8 distinct rows, 32
+// distinct scales, so lane l loads one (row run 8 * tile row + l / 4, column c0 + l % 4) and
+// shuffles assemble the lines. byte_at(q, c) reads entry c of run q. m.rows is a multiple of 16.
+template <typename ByteAt>
+__device__ __forceinline__ void write_run16_blocked_scales(const BlockedScales& m, ByteAt&& byte_at) {
+  constexpr int kWarps = kThreads / 32;
+  const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
+  const int lane = threadIdx.x % 32;
+  // The loop bounds are the same on every lane of a warp, so all of them reach the shuffles.
+  for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
+       t += int64_t{gridDim.x} * kWarps) {
+    const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
+    const int64_t q = int64_t{tile_row} * 8 + lane / 4, c = (t - int64_t{tile_row} * tiles_per_row) * 4 + lane % 4;
+    uint32_t word = 16 * q < m.rows && c < m.cols ? uint32_t{byte_at(q, c)} << (8 * (lane % 4)) : 0u;
+    word |= __shfl_xor_sync(0xffffffffu, word, 1);  // lanes 4g .. 4g + 3: run g's word
+    word |= __shfl_xor_sync(0xffffffffu, word, 2);
+    uint32_t line[4];  // word k: row 32k + lane of the tile, in run 2k + lane / 16
+#pragma unroll
+    for (int k = 0; k < 4; ++k) line[k] = __shfl_sync(0xffffffffu, word, 4 * (2 * k + lane / 16));
+    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
+  }
+}
+
+// Scales c0 .. c0 + 3 (c0 % 4 == 0) of a row of `per_row` scales starting at `row`, zero past its
+// end: one 4-byte load when rows are whole words (chunks and their scale sections are 256-byte
+// aligned), else four byte loads.
+__device__ __forceinline__ uint32_t scale_word(const uint8_t* row, int64_t c0, int64_t per_row) {
+  if (per_row % 4 == 0) return __ldg(reinterpret_cast<const uint32_t*>(row + c0));
+  uint32_t word = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (c0 + j < per_row) word |= uint32_t{__ldg(row + c0 + j)} << (8 * j);
+  return word;
+}
+
 // MXFP8 GEMM layout: a thread copies 16 codes (half a block) per item, kUnroll items per step
 // with the loads first; neighbouring lanes take neighbouring items so every warp instruction
-// moves 512 contiguous bytes. The even item of each block also copies the block's scale, to its
-// row-major or blocked place.
-__global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales,
-                                         bool blocked) {
+// moves 512 contiguous bytes. The even item of each block also copies the block's scale when they
+// are row-major; blocked scales are written as whole tiles after the rows. Five blocks an SM keep
+// the blocked path's extra registers from costing occupancy (48 registers, no spills).
+__global__ void __launch_bounds__(kThreads, 5)
+    unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data, uint8_t* scales, bool blocked) {
   constexpr int kUnroll = 4;
   const int64_t n = grid.items_per_row;  // cols / 16
   const int64_t blocks_per_row = n / 2;
+  const bool copy_scales = !blocked;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
     const uint8_t* chunk = in.chunk_of(r);
     const int64_t local = r % in.shard_rows;
@@ -283,22 +363,29 @@ __global__ void unpack_mxfp8_gemm_kernel(Chunks in, RowGrid grid, uint8_t* data,
         const int64_t j = first + u * team;
         if (j >= n) break;
         codes[u] = __ldg(src + j);
-        if (j % 2 == 0) scale[u] = __ldg(src_scales + j / 2);
+        if (copy_scales && j % 2 == 0) scale[u] = __ldg(src_scales + j / 2);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t j = first + u * team;
         if (j >= n) break;
         dst[j] = codes[u];
-        if (j % 2 == 0) scales[scale_offset(blocked, r, j / 2, blocks_per_row)] = scale[u];
+        if (copy_scales && j % 2 == 0) scales[r * blocks_per_row + j / 2] = scale[u];
       }
     }
   });
+  if (blocked) {
+    write_blocked_scales({scales, grid.rows, blocks_per_row}, [&](int64_t r, int64_t c0) {
+      return scale_word(in.scale_row(r, blocks_per_row), c0, blocks_per_row);
+    });
+  }
 }
 
 // NVFP4 GEMM layout, 1D blocks or 2D without transpose: a thread copies the 8 code bytes (and the
 // scale) of kUnroll 16-element blocks per step, loads first, so that several loads are in flight
-// per thread (one 8-byte load at a time left the copy at ~45 % of the copy line).
+// per thread (one 8-byte load at a time left the copy at ~45 % of the copy line). Row-major
+// scales are copied in the same loop (2D blocks: by the first row of each 16-row band); blocked
+// scales are written as whole tiles after the rows, 2D blocks repeated on each row of their band.
 __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d, uint8_t* data,
                                          uint8_t* scales, bool blocked) {
   constexpr int kUnroll = 4;
@@ -308,12 +395,10 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
     const int64_t local = r % in.shard_rows;
     const uint2* src = reinterpret_cast<const uint2*>(chunk + (local * in.cols) / 2);
     uint2* dst = reinterpret_cast<uint2*>(data) + r * per_row;
-    // 2D blocks: the first row of each 16-row band carries the band's scales, or (blocked) every
-    // row of the band repeats them.
-    const bool scale_row = !blocks_2d || blocked || r % 16 == 0;
+    const bool scale_row = !blocked && (!blocks_2d || r % 16 == 0);
     const uint8_t* src_scales =
         chunk + in.scales_offset + (blocks_2d ? (local / 16) : local) * per_row;
-    const int64_t scale_r = blocks_2d && !blocked ? r / 16 : r;
+    const int64_t scale_r = blocks_2d ? r / 16 : r;
     for (int64_t first = lane; first < per_row; first += team * kUnroll) {
       uint2 codes[kUnroll];
       uint8_t scale[kUnroll];
@@ -329,10 +414,19 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
         const int64_t j = first + u * team;
         if (j >= per_row) break;
         dst[j] = codes[u];
-        if (scale_row) scales[scale_offset(blocked, scale_r, j, per_row)] = scale[u];
+        if (scale_row) scales[scale_r * per_row + j] = scale[u];
       }
     }
   });
+  if (blocked && blocks_2d) {
+    write_run16_blocked_scales({scales, grid.rows, per_row}, [&](int64_t band, int64_t c) {
+      return __ldg(in.band_scale_row(band, per_row) + c);
+    });
+  } else if (blocked) {
+    write_blocked_scales({scales, grid.rows, per_row}, [&](int64_t r, int64_t c0) {
+      return scale_word(in.scale_row(r, per_row), c0, per_row);
+    });
+  }
 }
 
 // NVFP4 2D with the exact transpose, the FP8 kernel's scheme on nibbles. A block takes a tile of
@@ -343,8 +437,9 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
 // memory lines hold two rows (16 8-byte pieces); a piece's index is XORed with the row's 16-row
 // band, which keeps both the 8-byte stores and the word reads free of bank conflicts (the per-
 // nibble half-warp strips this replaces ran at ~22 % of copy, perf-notes v18). The tile's 16 x 8
-// block scales go to `scales` and, transposed, to `scales_t`: once each (row-major), or repeated on
-// the tile's 16 rows and 16 columns (blocked).
+// block scales go to `scales` and, transposed, to `scales_t`, when they are row-major; blocked
+// scales (each 2D scale repeated on its 16 rows, and on its 16 columns in `scales_t`) are written
+// as whole tiles after the tile's loads and stores.
 constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 128;
 
 __global__ void __launch_bounds__(kThreads)
@@ -352,10 +447,10 @@ __global__ void __launch_bounds__(kThreads)
                                      uint8_t* data_t, uint8_t* scales_t, bool blocked) {
   static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
   __shared__ uint2 tile[kNvfp4TileRows / 2][16];
+  const int64_t row_bytes = in.cols / 2, blocks_per_row = in.cols / 16, block_rows = gemm_rows / 16;
   const int64_t tiles_c = (in.cols + kNvfp4TileCols - 1) / kNvfp4TileCols;
   const int64_t tile_r0 = (blockIdx.x / tiles_c) * kNvfp4TileRows;
   const int64_t tile_c0 = (blockIdx.x % tiles_c) * kNvfp4TileCols;
-  const int64_t row_bytes = in.cols / 2, blocks_per_row = in.cols / 16, block_rows = gemm_rows / 16;
   const int piece = threadIdx.x % 8;  // this thread's 16-element block of a row
   const int64_t c = tile_c0 + 16 * piece;
   constexpr int kPasses = kNvfp4TileRows / (kThreads / 8);
@@ -366,9 +461,9 @@ __global__ void __launch_bounds__(kThreads)
     if (r < gemm_rows && c < in.cols)
       v[u] = __ldg(reinterpret_cast<const uint2*>(in.code_row_by_band(r, row_bytes) + c / 2));
   }
-  // Threads 0..127 carry the tile's scales: band threadIdx.x / 8, block column `piece`.
+  // Threads 0..127 carry the tile's row-major scales: band threadIdx.x / 8, block column `piece`.
   const int64_t scale_r = tile_r0 + 16 * (threadIdx.x / 8);
-  const bool has_scale = threadIdx.x < 128 && scale_r < gemm_rows && c < in.cols;
+  const bool has_scale = !blocked && threadIdx.x < 128 && scale_r < gemm_rows && c < in.cols;
   uint8_t scale = 0;
   if (has_scale) {
     const int64_t local_band = (scale_r % in.shard_rows) / 16;
@@ -383,16 +478,18 @@ __global__ void __launch_bounds__(kThreads)
       tile[row / 2][((row % 2) * 8 + piece) ^ (row / 16)] = v[u];
     }
   }
-  if (has_scale && !blocked) {
+  if (has_scale) {
     scales[(scale_r / 16) * blocks_per_row + c / 16] = scale;
     scales_t[(c / 16) * block_rows + scale_r / 16] = scale;
   }
-  if (has_scale && blocked) {
-#pragma unroll 4
-    for (int i = 0; i < 16; ++i) {
-      scales[scale_offset(true, scale_r + i, c / 16, blocks_per_row)] = scale;
-      scales_t[scale_offset(true, c + i, scale_r / 16, block_rows)] = scale;
-    }
+  if (blocked) {
+    write_run16_blocked_scales({scales, gemm_rows, blocks_per_row}, [&](int64_t band, int64_t c) {
+      return __ldg(in.band_scale_row(band, blocks_per_row) + c);
+    });
+    // scales_t: row run q is block column q, entry c the scale of band c.
+    write_run16_blocked_scales({scales_t, in.cols, block_rows}, [&](int64_t q, int64_t band) {
+      return __ldg(in.band_scale_row(band, blocks_per_row) + q);
+    });
   }
   __syncthreads();
   // gemm_rows and cols are multiples of 16, so a piece is wholly inside the weight or outside.
@@ -511,17 +608,6 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
   auto* data_t = static_cast<uint8_t*>(out.transposed_data);
   const int64_t rows = sizes.gemm_rows;
   const bool blocked = out.scale_layout == ScaleLayout::kBlocked128x4;
-  // Blocked scales fill whole 128 x 4 tiles; where the matrix does not, the rest must read as zero.
-  auto zero_tile_padding = [&](void* p, int64_t rows_s, int64_t cols_s, int64_t bytes) {
-    if (blocked && p != nullptr && bytes > rows_s * cols_s) {
-      check_cuda(cudaMemsetAsync(p, 0, bytes, stream), "cudaMemsetAsync(blocked scale padding)");
-    }
-  };
-  zero_tile_padding(scales, sizes.scale_rows, sizes.scale_cols, sizes.scales_bytes);
-  if (data_t != nullptr) {
-    zero_tile_padding(out.transposed_scales, sizes.transposed_scale_rows, sizes.transposed_scale_cols,
-                      sizes.transposed_scales_bytes);
-  }
   switch (spec.format) {
     case WireFormat::kBF16:
       return;  // refused by validate_unpack_gemm
@@ -538,14 +624,13 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
       check_launch("unpack_fp8_gemm_transpose_kernel");
       break;
     }
-    case WireFormat::kMXFP8:
-    {
+    case WireFormat::kMXFP8: {
       const RowGrid grid = row_grid(rows, l.cols / 16, 4);
       unpack_mxfp8_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, scales,
                                                                           blocked);
-    }
       check_launch("unpack_mxfp8_gemm_kernel");
       break;
+    }
     case WireFormat::kNVFP4:
       if (data_t != nullptr) {
         const unsigned tiles =

@@ -192,9 +192,17 @@ __global__ void unpack_many_bf16_kernel(const __grid_constant__ UnpackManyParams
                             p.first_block[lo + 1] - first);
 }
 
-__global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* decode_scales) {
-  for (int64_t g = threadIdx.x; g < group_size; g += blockDim.x)
-    decode_scales[g] = in.decode_scale(in.base + g * in.chunk_bytes);
+// The GEMM layout's per-chunk FP32 decode scales (FP8, NVFP4; out == nullptr: none), copied by
+// the first block of the layout's one launch rather than by a launch of their own (perf-notes v23).
+struct DecodeScales {
+  float* out;
+  int64_t count;  // G
+};
+
+__device__ __forceinline__ void copy_decode_scales(const Chunks& in, const DecodeScales& d) {
+  if (blockIdx.x != 0 || d.out == nullptr) return;
+  for (int64_t g = threadIdx.x; g < d.count; g += blockDim.x)
+    d.out[g] = in.decode_scale(in.base + g * in.chunk_bytes);
 }
 
 // FP8 GEMM layout with the transpose. A block takes a tile of 128 rows x 128 columns: 8 threads
@@ -207,7 +215,9 @@ __global__ void copy_decode_scales_kernel(Chunks in, int64_t group_size, float* 
 constexpr int kFp8TileRows = 128, kFp8TileCols = 128;
 
 __global__ void __launch_bounds__(kThreads)
-    unpack_fp8_gemm_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* data_t) {
+    unpack_fp8_gemm_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* data_t,
+                                     DecodeScales decode) {
+  copy_decode_scales(in, decode);
   static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
   __shared__ uint4 tile[kFp8TileRows][kFp8TileCols / 16];
   const int64_t tiles_c = (in.cols + kFp8TileCols - 1) / kFp8TileCols;
@@ -253,7 +263,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // FP8 GEMM layout without the transpose: the chunks' code rows copied 16 bytes a thread.
-__global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* data) {
+__global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* data, DecodeScales decode) {
+  copy_decode_scales(in, decode);
   constexpr int kUnroll = 4;  // loads first, several in flight per thread
   const int64_t n = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
@@ -387,7 +398,8 @@ __global__ void __launch_bounds__(kThreads, 5)
 // scales are copied in the same loop (2D blocks: by the first row of each 16-row band); blocked
 // scales are written as whole tiles after the rows, 2D blocks repeated on each row of their band.
 __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d, uint8_t* data,
-                                         uint8_t* scales, bool blocked) {
+                                         uint8_t* scales, bool blocked, DecodeScales decode) {
+  copy_decode_scales(in, decode);
   constexpr int kUnroll = 4;
   const int64_t per_row = grid.items_per_row;
   for_each_row(grid, [&](int64_t r, int lane, int team) {
@@ -444,7 +456,9 @@ constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 128;
 
 __global__ void __launch_bounds__(kThreads)
     unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* scales,
-                                     uint8_t* data_t, uint8_t* scales_t, bool blocked) {
+                                     uint8_t* data_t, uint8_t* scales_t, bool blocked,
+                                     DecodeScales decode) {
+  copy_decode_scales(in, decode);
   static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
   __shared__ uint2 tile[kNvfp4TileRows / 2][16];
   const int64_t row_bytes = in.cols / 2, blocks_per_row = in.cols / 16, block_rows = gemm_rows / 16;
@@ -608,19 +622,21 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
   auto* data_t = static_cast<uint8_t*>(out.transposed_data);
   const int64_t rows = sizes.gemm_rows;
   const bool blocked = out.scale_layout == ScaleLayout::kBlocked128x4;
+  const DecodeScales decode{sizes.decode_scale_count > 0 ? out.decode_scales : nullptr,
+                            sizes.decode_scale_count};
   switch (spec.format) {
     case WireFormat::kBF16:
       return;  // refused by validate_unpack_gemm
     case WireFormat::kFP8: {
       if (data_t == nullptr) {
         const RowGrid grid = row_grid(rows, l.cols / 16, 4);
-        unpack_fp8_gemm_rows_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data);
+        unpack_fp8_gemm_rows_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(c, grid, data, decode);
         check_launch("unpack_fp8_gemm_rows_kernel");
         break;
       }
       const unsigned tiles = static_cast<unsigned>(((rows + kFp8TileRows - 1) / kFp8TileRows) *
                                                    ((l.cols + kFp8TileCols - 1) / kFp8TileCols));
-      unpack_fp8_gemm_transpose_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t);
+      unpack_fp8_gemm_transpose_kernel<<<tiles, kThreads, 0, stream>>>(c, rows, data, data_t, decode);
       check_launch("unpack_fp8_gemm_transpose_kernel");
       break;
     }
@@ -637,20 +653,16 @@ void unpack_gemm_cuda(const WireSpec& spec, const GatheredChunks& in, const Gemm
             static_cast<unsigned>(((rows + kNvfp4TileRows - 1) / kNvfp4TileRows) *
                                   ((l.cols + kNvfp4TileCols - 1) / kNvfp4TileCols));
         unpack_nvfp4_2d_transpose_kernel<<<tiles, kThreads, 0, stream>>>(
-            c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales), blocked);
+            c, rows, data, scales, data_t, static_cast<uint8_t*>(out.transposed_scales), blocked,
+            decode);
         check_launch("unpack_nvfp4_2d_transpose_kernel");
       } else {
         const RowGrid grid = row_grid(rows, l.cols / 16, 4);
         unpack_nvfp4_gemm_kernel<<<blocks_for(grid), kThreads, 0, stream>>>(
-            c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales, blocked);
+            c, grid, spec.nvfp4_blocks == Nvfp4Blocks::k2D, data, scales, blocked, decode);
         check_launch("unpack_nvfp4_gemm_kernel");
       }
       break;
-  }
-  if (sizes.decode_scale_count > 0) {
-    copy_decode_scales_kernel<<<1, kThreads, 0, stream>>>(c, sizes.decode_scale_count,
-                                                          out.decode_scales);
-    check_launch("copy_decode_scales_kernel");
   }
 }
 

@@ -161,17 +161,23 @@ void compare_unpack_gemm(const WireSpec& spec, const Packed& p, const AlignedByt
   for (uint8_t poison : {0xA5, 0x5A}) {
     for (DeviceBuffer* b : {&d_data, &d_scales, &d_data_t, &d_scales_t, &d_decode}) b->fill(poison);
     unpack_gemm_cuda(spec, in, dev, nullptr);
-    auto same = [&](const DeviceBuffer& d, const uint8_t* r, int64_t n, const char* what) {
-      const std::vector<uint8_t> got = d.download(n);
+    // `guard` bytes past the section were allocated too: they must still hold the poison.
+    auto same = [&](const DeviceBuffer& d, const uint8_t* r, int64_t n, const char* what,
+                    int64_t guard = 0) {
+      const std::vector<uint8_t> got = d.download(n + guard);
       EXPECT_EQ(std::memcmp(got.data(), r, n), 0)
           << name(spec) << " gemm (" << to_string(sizes.scale_layout) << " scales) " << what
           << " rows=" << p.geometry.rows << " G=" << G;
+      for (int64_t i = n; i < n + guard; ++i) {
+        ASSERT_EQ(got[i], poison) << name(spec) << " gemm (" << to_string(sizes.scale_layout)
+                                  << " scales) wrote past the end of " << what << " at byte " << i;
+      }
     };
     same(d_data, r_data.data(), sizes.data_bytes, "data");
-    same(d_scales, r_scales.data(), sizes.scales_bytes, "scales");
+    same(d_scales, r_scales.data(), sizes.scales_bytes, "scales", 16);
     if (sizes.transpose_supported) {
-      same(d_data_t, r_data_t.data(), sizes.transposed_data_bytes, "transposed data");
-      same(d_scales_t, r_scales_t.data(), sizes.transposed_scales_bytes, "transposed scales");
+      same(d_data_t, r_data_t.data(), sizes.transposed_data_bytes, "transposed data", 16);
+      same(d_scales_t, r_scales_t.data(), sizes.transposed_scales_bytes, "transposed scales", 16);
     }
     same(d_decode, reinterpret_cast<const uint8_t*>(r_decode.data()),
          sizes.decode_scale_count * sizeof(float), "decode scales");

@@ -289,39 +289,28 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
 // stores from the code loop wrote 4 bytes of every 32-byte sector they touched and held the
 // blocked unpack at 71-89 % of copy; tiles written by extra blocks after all the code blocks ran
 // alone and slower still (perf-notes v22). Entries outside the matrix are written as 0, so the tile
-// padding needs no memset.
+// padding needs no memset. word_at(r, c0) returns row r's scales c0 .. c0 + 3 as one word (byte j:
+// column c0 + j), zero past the last column.
 struct BlockedScales {
   uint8_t* out;
   int64_t rows, cols;  // the matrix's unpadded shape
 };
 
-// Stores line_of(tile_row, c0), the calling lane's line of the tile at tile row `tile_row` and
-// first column c0, into every tile of m this warp owns. The loop bounds are the same on every lane
-// of a warp, so all of them reach any shuffle in line_of.
-template <typename LineOf>
-__device__ __forceinline__ void for_each_owned_tile(const BlockedScales& m, LineOf&& line_of) {
+template <typename WordAt>
+__device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, WordAt&& word_at) {
   constexpr int kWarps = kThreads / 32;
   const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
+  const int lane = threadIdx.x % 32;
   for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
        t += int64_t{gridDim.x} * kWarps) {
     // 32-bit division: a scale matrix has far fewer than 2^32 tiles (each covers 512 scales).
     const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
-    const int64_t c0 = (t - int64_t{tile_row} * tiles_per_row) * 4;
-    reinterpret_cast<uint4*>(m.out + t * 512)[threadIdx.x % 32] = line_of(int64_t{tile_row}, c0);
-  }
-}
-
-// word_at(r, c0) returns row r's scales c0 .. c0 + 3 as one word (byte j: column c0 + j), zero
-// past the last column.
-template <typename WordAt>
-__device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, WordAt&& word_at) {
-  for_each_owned_tile(m, [&](int64_t tile_row, int64_t c0) {
-    const int64_t r0 = tile_row * 128 + threadIdx.x % 32;
+    const int64_t r0 = int64_t{tile_row} * 128 + lane, c0 = (t - int64_t{tile_row} * tiles_per_row) * 4;
     uint32_t line[4];  // word k: row r0 + 32k
 #pragma unroll
     for (int k = 0; k < 4; ++k) line[k] = r0 + 32 * k < m.rows ? word_at(r0 + 32 * k, c0) : 0u;
-    return make_uint4(line[0], line[1], line[2], line[3]);
-  });
+    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
+  }
 }
 
 // The same tiles for a matrix whose rows repeat in runs of 16 (NVFP4 2D blocks: `scales` repeats
@@ -330,17 +319,22 @@ __device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, Wor
 // shuffles assemble the lines. byte_at(q, c) reads entry c of run q. m.rows is a multiple of 16.
 template <typename ByteAt>
 __device__ __forceinline__ void write_run16_blocked_scales(const BlockedScales& m, ByteAt&& byte_at) {
-  for_each_owned_tile(m, [&](int64_t tile_row, int64_t c0) {
-    const int lane = threadIdx.x % 32;
-    const int64_t q = tile_row * 8 + lane / 4, c = c0 + lane % 4;
+  constexpr int kWarps = kThreads / 32;
+  const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
+  const int lane = threadIdx.x % 32;
+  // The loop bounds are the same on every lane of a warp, so all of them reach the shuffles.
+  for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
+       t += int64_t{gridDim.x} * kWarps) {
+    const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
+    const int64_t q = int64_t{tile_row} * 8 + lane / 4, c = (t - int64_t{tile_row} * tiles_per_row) * 4 + lane % 4;
     uint32_t word = 16 * q < m.rows && c < m.cols ? uint32_t{byte_at(q, c)} << (8 * (lane % 4)) : 0u;
     word |= __shfl_xor_sync(0xffffffffu, word, 1);  // lanes 4g .. 4g + 3: run g's word
     word |= __shfl_xor_sync(0xffffffffu, word, 2);
     uint32_t line[4];  // word k: row 32k + lane of the tile, in run 2k + lane / 16
 #pragma unroll
     for (int k = 0; k < 4; ++k) line[k] = __shfl_sync(0xffffffffu, word, 4 * (2 * k + lane / 16));
-    return make_uint4(line[0], line[1], line[2], line[3]);
-  });
+    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
+  }
 }
 
 // Scales c0 .. c0 + 3 (c0 % 4 == 0) of a row of `per_row` scales starting at `row`, zero past its

@@ -289,28 +289,39 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
 // stores from the code loop wrote 4 bytes of every 32-byte sector they touched and held the
 // blocked unpack at 71-89 % of copy; tiles written by extra blocks after all the code blocks ran
 // alone and slower still (perf-notes v22). Entries outside the matrix are written as 0, so the tile
-// padding needs no memset. word_at(r, c0) returns row r's scales c0 .. c0 + 3 as one word (byte j:
-// column c0 + j), zero past the last column.
+// padding needs no memset.
 struct BlockedScales {
   uint8_t* out;
   int64_t rows, cols;  // the matrix's unpadded shape
 };
 
-template <typename WordAt>
-__device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, WordAt&& word_at) {
+// Stores line_of(tile_row, c0), the calling lane's line of the tile at tile row `tile_row` and
+// first column c0, into every tile of m this warp owns. The loop bounds are the same on every lane
+// of a warp, so all of them reach any shuffle in line_of.
+template <typename LineOf>
+__device__ __forceinline__ void for_each_owned_tile(const BlockedScales& m, LineOf&& line_of) {
   constexpr int kWarps = kThreads / 32;
   const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
-  const int lane = threadIdx.x % 32;
   for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
        t += int64_t{gridDim.x} * kWarps) {
     // 32-bit division: a scale matrix has far fewer than 2^32 tiles (each covers 512 scales).
     const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
-    const int64_t r0 = int64_t{tile_row} * 128 + lane, c0 = (t - int64_t{tile_row} * tiles_per_row) * 4;
+    const int64_t c0 = (t - int64_t{tile_row} * tiles_per_row) * 4;
+    reinterpret_cast<uint4*>(m.out + t * 512)[threadIdx.x % 32] = line_of(int64_t{tile_row}, c0);
+  }
+}
+
+// word_at(r, c0) returns row r's scales c0 .. c0 + 3 as one word (byte j: column c0 + j), zero
+// past the last column.
+template <typename WordAt>
+__device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, WordAt&& word_at) {
+  for_each_owned_tile(m, [&](int64_t tile_row, int64_t c0) {
+    const int64_t r0 = tile_row * 128 + threadIdx.x % 32;
     uint32_t line[4];  // word k: row r0 + 32k
 #pragma unroll
     for (int k = 0; k < 4; ++k) line[k] = r0 + 32 * k < m.rows ? word_at(r0 + 32 * k, c0) : 0u;
-    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
-  }
+    return make_uint4(line[0], line[1], line[2], line[3]);
+  });
 }
 
 // The same tiles for a matrix whose rows repeat in runs of 16 (NVFP4 2D blocks: `scales` repeats
@@ -319,22 +330,17 @@ __device__ __forceinline__ void write_blocked_scales(const BlockedScales& m, Wor
 // shuffles assemble the lines. byte_at(q, c) reads entry c of run q. m.rows is a multiple of 16.
 template <typename ByteAt>
 __device__ __forceinline__ void write_run16_blocked_scales(const BlockedScales& m, ByteAt&& byte_at) {
-  constexpr int kWarps = kThreads / 32;
-  const int64_t tiles_per_row = (m.cols + 3) / 4, tiles = (m.rows + 127) / 128 * tiles_per_row;
-  const int lane = threadIdx.x % 32;
-  // The loop bounds are the same on every lane of a warp, so all of them reach the shuffles.
-  for (int64_t t = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32; t < tiles;
-       t += int64_t{gridDim.x} * kWarps) {
-    const uint32_t tile_row = static_cast<uint32_t>(t) / static_cast<uint32_t>(tiles_per_row);
-    const int64_t q = int64_t{tile_row} * 8 + lane / 4, c = (t - int64_t{tile_row} * tiles_per_row) * 4 + lane % 4;
+  for_each_owned_tile(m, [&](int64_t tile_row, int64_t c0) {
+    const int lane = threadIdx.x % 32;
+    const int64_t q = tile_row * 8 + lane / 4, c = c0 + lane % 4;
     uint32_t word = 16 * q < m.rows && c < m.cols ? uint32_t{byte_at(q, c)} << (8 * (lane % 4)) : 0u;
     word |= __shfl_xor_sync(0xffffffffu, word, 1);  // lanes 4g .. 4g + 3: run g's word
     word |= __shfl_xor_sync(0xffffffffu, word, 2);
     uint32_t line[4];  // word k: row 32k + lane of the tile, in run 2k + lane / 16
 #pragma unroll
     for (int k = 0; k < 4; ++k) line[k] = __shfl_sync(0xffffffffu, word, 4 * (2 * k + lane / 16));
-    reinterpret_cast<uint4*>(m.out + t * 512)[lane] = make_uint4(line[0], line[1], line[2], line[3]);
-  }
+    return make_uint4(line[0], line[1], line[2], line[3]);
+  });
 }
 
 // Scales c0 .. c0 + 3 (c0 % 4 == 0) of a row of `per_row` scales starting at `row`, zero past its
@@ -442,17 +448,19 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
 }
 
 // NVFP4 2D with the exact transpose, the FP8 kernel's scheme on nibbles. A block takes a tile of
-// 256 rows x 128 elements (64 code bytes a row): 8 threads a row load one 16-element block (8
-// bytes) each and store it to `data` and to shared memory; then each thread reads a 16-row x
-// 8-column piece as 16 words, transposes it in registers (two 8x8 nibble transposes) and writes
-// eight 8-byte runs, a warp covering 128 contiguous bytes of each of 2 transposed rows. Shared
-// memory lines hold two rows (16 8-byte pieces); a piece's index is XORed with the row's 16-row
-// band, which keeps both the 8-byte stores and the word reads free of bank conflicts (the per-
-// nibble half-warp strips this replaces ran at ~22 % of copy, perf-notes v18). The tile's 16 x 8
-// block scales go to `scales` and, transposed, to `scales_t`, when they are row-major; blocked
-// scales (each 2D scale repeated on its 16 rows, and on its 16 columns in `scales_t`) are written
-// as whole tiles after the tile's loads and stores.
-constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 128;
+// 256 rows x 256 elements (128 code bytes a row): 8 threads a row load 32 elements (16 bytes) each
+// and store them to `data` and to shared memory; then each thread reads a 32-row x 8-column piece
+// as 32 words, transposes it in registers (four 8x8 nibble transposes) and writes eight 16-byte
+// runs, a warp covering 128 contiguous bytes of each of 4 transposed rows. A shared-memory row is
+// 128 bytes; its 16-byte pieces are XORed with the row's 32-row band, which keeps the word reads (8
+// bands x one piece a warp) free of bank conflicts. The 8-byte pieces of the 256 x 128 tile this
+// replaces ran 2-7 points slower (perf-notes v24); the per-nibble half-warp strips before it at
+// ~22 % of copy (v18). Rows and columns are multiples of 16, not always of 32: then the last
+// piece of a row, the last band of a column, or every odd row (16-byte alignment) moves in 8-byte
+// halves. The tile's 16 x 16 block scales go to `scales` and, transposed, to `scales_t`, when they
+// are row-major; blocked scales (each 2D scale repeated on its 16 rows, and on its 16 columns in
+// `scales_t`) are written as whole tiles after the tile's loads and stores.
+constexpr int kNvfp4TileRows = 256, kNvfp4TileCols = 256;
 
 __global__ void __launch_bounds__(kThreads)
     unpack_nvfp4_2d_transpose_kernel(Chunks in, int64_t gemm_rows, uint8_t* data, uint8_t* scales,
@@ -460,41 +468,54 @@ __global__ void __launch_bounds__(kThreads)
                                      DecodeScales decode) {
   copy_decode_scales(in, decode);
   static_assert(kThreads == 256, "the tile walk assumes 8 threads a row and 32 rows a pass");
-  __shared__ uint2 tile[kNvfp4TileRows / 2][16];
+  __shared__ uint4 tile[kNvfp4TileRows][8];
   const int64_t row_bytes = in.cols / 2, blocks_per_row = in.cols / 16, block_rows = gemm_rows / 16;
+  const bool rows_aligned = row_bytes % 16 == 0, columns_aligned = gemm_rows % 32 == 0;
   const int64_t tiles_c = (in.cols + kNvfp4TileCols - 1) / kNvfp4TileCols;
   const int64_t tile_r0 = (blockIdx.x / tiles_c) * kNvfp4TileRows;
   const int64_t tile_c0 = (blockIdx.x % tiles_c) * kNvfp4TileCols;
-  const int piece = threadIdx.x % 8;  // this thread's 16-element block of a row
-  const int64_t c = tile_c0 + 16 * piece;
+  const int piece = threadIdx.x % 8;  // this thread's 32 elements of a row
+  const int64_t c = tile_c0 + 32 * piece;
+  const bool whole_piece = c + 32 <= in.cols;  // else 16 elements, or none when c >= cols
   constexpr int kPasses = kNvfp4TileRows / (kThreads / 8);
-  uint2 v[kPasses];
+  uint4 v[kPasses];
 #pragma unroll
   for (int u = 0; u < kPasses; ++u) {  // all loads in flight before the first store
     const int64_t r = tile_r0 + u * (kThreads / 8) + threadIdx.x / 8;
-    if (r < gemm_rows && c < in.cols)
-      v[u] = __ldg(reinterpret_cast<const uint2*>(in.code_row_by_band(r, row_bytes) + c / 2));
+    if (r >= gemm_rows || c >= in.cols) continue;
+    const uint8_t* p = in.code_row_by_band(r, row_bytes) + c / 2;
+    if (whole_piece && rows_aligned) {
+      v[u] = __ldg(reinterpret_cast<const uint4*>(p));
+    } else {
+      const uint2 lo = __ldg(reinterpret_cast<const uint2*>(p));
+      const uint2 hi = whole_piece ? __ldg(reinterpret_cast<const uint2*>(p) + 1) : make_uint2(0, 0);
+      v[u] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    }
   }
-  // Threads 0..127 carry the tile's row-major scales: band threadIdx.x / 8, block column `piece`.
-  const int64_t scale_r = tile_r0 + 16 * (threadIdx.x / 8);
-  const bool has_scale = !blocked && threadIdx.x < 128 && scale_r < gemm_rows && c < in.cols;
+  // Each thread carries one of the tile's 16 x 16 row-major scales: band threadIdx.x / 16, block
+  // column threadIdx.x % 16.
+  const int64_t scale_band = tile_r0 / 16 + threadIdx.x / 16;
+  const int64_t scale_c = tile_c0 / 16 + threadIdx.x % 16;
+  const bool has_scale = !blocked && scale_band < block_rows && scale_c < blocks_per_row;
   uint8_t scale = 0;
-  if (has_scale) {
-    const int64_t local_band = (scale_r % in.shard_rows) / 16;
-    scale = __ldg(in.chunk_of(scale_r) + in.scales_offset + local_band * blocks_per_row + c / 16);
-  }
+  if (has_scale) scale = __ldg(in.band_scale_row(scale_band, blocks_per_row) + scale_c);
 #pragma unroll
   for (int u = 0; u < kPasses; ++u) {
     const int row = u * (kThreads / 8) + threadIdx.x / 8;
     const int64_t r = tile_r0 + row;
-    if (r < gemm_rows && c < in.cols) {
-      *reinterpret_cast<uint2*>(data + r * row_bytes + c / 2) = v[u];
-      tile[row / 2][((row % 2) * 8 + piece) ^ (row / 16)] = v[u];
+    if (r >= gemm_rows || c >= in.cols) continue;
+    uint8_t* p = data + r * row_bytes + c / 2;
+    if (whole_piece && rows_aligned) {
+      *reinterpret_cast<uint4*>(p) = v[u];
+    } else {
+      reinterpret_cast<uint2*>(p)[0] = make_uint2(v[u].x, v[u].y);
+      if (whole_piece) reinterpret_cast<uint2*>(p)[1] = make_uint2(v[u].z, v[u].w);
     }
+    tile[row][piece ^ u] = v[u];  // u is the row's 32-row band
   }
   if (has_scale) {
-    scales[(scale_r / 16) * blocks_per_row + c / 16] = scale;
-    scales_t[(c / 16) * block_rows + scale_r / 16] = scale;
+    scales[scale_band * blocks_per_row + scale_c] = scale;
+    scales_t[scale_c * block_rows + scale_band] = scale;
   }
   if (blocked) {
     write_run16_blocked_scales({scales, gemm_rows, blocks_per_row}, [&](int64_t band, int64_t c) {
@@ -506,25 +527,31 @@ __global__ void __launch_bounds__(kThreads)
     });
   }
   __syncthreads();
-  // gemm_rows and cols are multiples of 16, so a piece is wholly inside the weight or outside.
-  const int band = threadIdx.x % 16, word = threadIdx.x / 16;  // 16-row band, 8-column word
-  const int64_t r0 = tile_r0 + 16 * band, c0 = tile_c0 + 8 * word;
+  // A piece is wholly inside the weight or outside in columns (cols is a multiple of 8); in rows
+  // the last band may hold 16 rows, whose other 16 (never stored to the tile) are not written.
+  const int band = threadIdx.x % 8, word = threadIdx.x / 8;  // 32-row band, 8-column word
+  const int64_t r0 = tile_r0 + 32 * band, c0 = tile_c0 + 8 * word;
   if (r0 >= gemm_rows || c0 >= in.cols) return;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(tile);
-  uint32_t m[2][8];  // m[h][i]: row 16 * band + 8h + i, columns c0 .. c0 + 7
+  const int physical_word = ((word / 4) ^ band) * 4 + word % 4;  // the swizzle of the stores
+  uint32_t m[4][8];  // m[h][i]: row 32 * band + 8h + i, columns c0 .. c0 + 7
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < 4; ++h)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int row = 16 * band + 8 * h + i;  // the swizzle of the stores, in words
-      m[h][i] = words[(row / 2) * 32 + (((row % 2) * 16 + word) ^ (2 * band))];
+    for (int i = 0; i < 8; ++i) m[h][i] = words[(32 * band + 8 * h + i) * 32 + physical_word];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) transpose::nibbles_8x8(m[h]);  // m[h][j]: rows 8h .. 8h+7 of c0 + j
+  const bool whole_band = r0 + 32 <= gemm_rows;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    uint8_t* p = data_t + (c0 + j) * (gemm_rows / 2) + r0 / 2;
+    if (whole_band && columns_aligned) {
+      *reinterpret_cast<uint4*>(p) = make_uint4(m[0][j], m[1][j], m[2][j], m[3][j]);
+    } else {
+      reinterpret_cast<uint2*>(p)[0] = make_uint2(m[0][j], m[1][j]);
+      if (whole_band) reinterpret_cast<uint2*>(p)[1] = make_uint2(m[2][j], m[3][j]);
     }
-  transpose::nibbles_8x8(m[0]);  // m[h][j]: rows 8h .. 8h+7 of column c0 + j
-  transpose::nibbles_8x8(m[1]);
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    *reinterpret_cast<uint2*>(data_t + (c0 + j) * (gemm_rows / 2) + r0 / 2) =
-        make_uint2(m[0][j], m[1][j]);
+  }
 }
 
 Chunks chunks_of(const GatheredChunks& in, const ChunkLayout& l) {

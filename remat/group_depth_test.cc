@@ -340,6 +340,49 @@ TEST(PerGroupBudget, OnDemandEvictsOnlyItsGroupsPrefetchesAndTooSmallABudgetName
   });
 }
 
+// prefetch_batch: the same model with the dense group at depth 4 prefetching in batches of 1, 2 and 4,
+// the experts at depth 2 in batches of 2. Every weight stays bit-exact and, after the recording step,
+// every consume is still a prefetch hit (a group's next consume never waits for a batch), while
+// every batch carries exactly k keys: a short one would go out only when a group's next consume is
+// due with fewer behind it, which this model's step lengths (12 dense and 8 expert consumes, the
+// next step's head prefetched at drain) never leave.
+TEST(PrefetchBatch, KeysGoOutTogetherAndEveryConsumeStillHits) {
+  constexpr int kSteps = 5, kMicrobatches = 2;
+  for (int dense_batch : {1, 2, 4}) {
+    on_ranks(2, [&](comm::HostComm& comm) {
+      HostBackend backend({&comm, &comm});
+      RuntimeConfig config = per_group(4, 0, 2, 0);
+      config.groups[kDense].prefetch_batch = dense_batch;
+      config.groups[kExpert].prefetch_batch = 2;
+      Runtime runtime(backend, config);
+      GroupedModel model(runtime, comm);
+      for (int step = 0; step < kSteps; ++step) {
+        model.update(step);
+        for (int mb = 0; mb < kMicrobatches; ++mb) model.microbatch();
+        runtime.drain(nullptr);
+      }
+      for (const auto& [group, batch, consumes] : {std::tuple{kDense, dense_batch, kDenseConsumes},
+                                                   std::tuple{kExpert, 2, kExpertConsumes}}) {
+        const GroupStats s = runtime.group_stats(group);
+        const std::int64_t per_step = consumes * kMicrobatches;
+        EXPECT_EQ(s.config.prefetch_batch, batch);
+        EXPECT_EQ(s.exposed_gathers, per_step) << "only the recording step: " << runtime.stats_json();
+        EXPECT_EQ(s.prefetch_hits, (kSteps - 1) * per_step) << runtime.stats_json();
+        EXPECT_GE(s.prefetches, (kSteps - 1) * per_step);
+        EXPECT_EQ(s.prefetch_batches * batch, s.prefetches) << runtime.stats_json();
+        expect_group_bound(runtime, model, group, "batch " + std::to_string(batch));
+      }
+      const RuntimeStats total = runtime.stats();
+      EXPECT_EQ(total.prefetch_batches,
+                runtime.group_stats(kDense).prefetch_batches + runtime.group_stats(kExpert).prefetch_batches);
+      const nlohmann::json j = nlohmann::json::parse(runtime.stats_json());
+      EXPECT_EQ(j["materialize"]["prefetch_batches"], total.prefetch_batches);
+      EXPECT_EQ(j["groups"][kDense]["prefetch_batch"], dense_batch);
+      EXPECT_EQ(j["groups"][kDense]["prefetch_batches"], runtime.group_stats(kDense).prefetch_batches);
+    });
+  }
+}
+
 TEST(PerGroupConfig, BadValuesNameTheGroupTheValueAndTheFix) {
   on_ranks(1, [](comm::HostComm& comm) {
     HostBackend backend({&comm, &comm});
@@ -350,6 +393,14 @@ TEST(PerGroupConfig, BadValuesNameTheGroupTheValueAndTheFix) {
     expect_error<std::invalid_argument>(
         [&] { Runtime(backend, per_group(1, 0, 1, -5)); },
         "experts (RuntimeConfig::groups[1]): memory budget -5 is negative; use 0 (no limit) or a byte count");
+    RuntimeConfig batched = per_group(2, 0, 0, 0);
+    batched.groups[kDense].prefetch_batch = 3;
+    expect_error<std::invalid_argument>([&] { Runtime(backend, batched); },
+                                        "dense (RuntimeConfig::groups[0]): prefetch batch 3 is out of range; use 1..2");
+    batched.groups[kDense].prefetch_batch = 1;
+    batched.groups[kExpert].prefetch_batch = 0;
+    expect_error<std::invalid_argument>([&] { Runtime(backend, batched); },
+                                        "experts (RuntimeConfig::groups[1]): prefetch batch 0 is out of range; use 1..1");
     RuntimeConfig unnamed;
     unnamed.groups = {GroupConfig{}, GroupConfig{-2, 0, ""}};
     expect_error<std::invalid_argument>([&] { Runtime(backend, unnamed); }, "group 1 (RuntimeConfig::groups[1])");
@@ -360,9 +411,11 @@ TEST(PerGroupConfig, BadValuesNameTheGroupTheValueAndTheFix) {
     RuntimeConfig all;
     all.depth = 3;
     all.cache.budget_bytes = 4096;
-    Runtime runtime(backend, all);  // one depth and budget for every group
+    all.prefetch_batch = 2;
+    Runtime runtime(backend, all);  // one depth, batch and budget for every group
     for (int g : {kDense, kExpert}) {
       EXPECT_EQ(runtime.group_stats(g).config.depth, 3);
+      EXPECT_EQ(runtime.group_stats(g).config.prefetch_batch, 2);
       EXPECT_EQ(runtime.group_stats(g).config.budget_bytes, 4096);
       EXPECT_EQ(runtime.group_stats(g).config.name, "group " + std::to_string(g));
     }

@@ -51,13 +51,20 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
   }
   std::vector<GroupConfig> out;
   for (int g = 0; g < group_count; ++g) {
-    GroupConfig group = per_group ? config.groups[g] : GroupConfig{config.depth, config.cache.budget_bytes, {}};
+    GroupConfig group =
+        per_group ? config.groups[g] : GroupConfig{config.depth, config.cache.budget_bytes, {}, config.prefetch_batch};
     if (group.name.empty()) group.name = "group " + std::to_string(g);
     const std::string who = per_group ? group.name + " (RuntimeConfig::groups[" + std::to_string(g) + "])"
                                       : std::string("RuntimeConfig (every group)");
     if (group.depth < 0 || group.depth > kMaxDepth) {
       throw std::invalid_argument(who + ": prefetch depth " + std::to_string(group.depth) + " is out of range; use 0.." +
                                   std::to_string(kMaxDepth) + " (0: the group's keys are gathered on demand)");
+    }
+    if (group.prefetch_batch < 1 || group.prefetch_batch > std::max(group.depth, 1)) {
+      throw std::invalid_argument(who + ": prefetch batch " + std::to_string(group.prefetch_batch) +
+                                  " is out of range; use 1.." + std::to_string(std::max(group.depth, 1)) +
+                                  " (prefetches issued together, at most the prefetch depth " +
+                                  std::to_string(group.depth) + ")");
     }
     if (group.budget_bytes < 0) {
       throw std::invalid_argument(who + ": memory budget " + std::to_string(group.budget_bytes) +
@@ -123,51 +130,59 @@ Stream Runtime::fill_stream(const ChainKey& key) {
   return backend_.side_stream(registry_.get(key.front()).desc.group, Role::kGather);
 }
 
-void Runtime::fill(int index, const ChainKey& key, const char* why) {
+void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  Cache::Slot& slot = caches_[group_of(key)]->slot(index);
-  const Stream stream = slot.filler;
+  const ChainKey& first_key = *fills[0].key;
+  Cache& cache = *caches_[group_of(first_key)];
+  const Stream stream = cache.slot(fills[0].index).filler;
   std::vector<Stream>& joined = joined_scratch_;  // reused: no allocation per fill
   joined.assign(1, stream);
-  for (WeightId id : key) {
-    const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
-    if (std::find(joined.begin(), joined.end(), gather) != joined.end()) continue;
-    joined.push_back(gather);
-    backend_.order(stream, gather);
+  for (std::size_t f = 0; f < n; ++f) {
+    for (WeightId id : *fills[f].key) {
+      const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
+      if (std::find(joined.begin(), joined.end(), gather) != joined.end()) continue;
+      joined.push_back(gather);
+      backend_.order(stream, gather);
+    }
   }
-  // The key's all-gathers go out as one batch (one NCCL group on the CUDA backend), then the unpacks:
+  // The keys' all-gathers go out as one batch (one NCCL group on the CUDA backend), then the unpacks:
   // nothing else may sit between them on the stream, because a batch launches at its end.
   std::string names;
   {
     Backend::CollectiveBatch batch(backend_);
-    char* next = static_cast<char*>(slot.ptr);
-    for (WeightId id : key) {
-      const Weight& w = registry_.get(id);
-      const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-      backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
-      next += gathered + w.output_bytes;
-      if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
-      weight_stats_[id].gathered_bytes += gathered;
-      if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+    for (std::size_t f = 0; f < n; ++f) {
+      char* next = static_cast<char*>(cache.slot(fills[f].index).ptr);
+      for (WeightId id : *fills[f].key) {
+        const Weight& w = registry_.get(id);
+        const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
+        backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+        next += gathered + w.output_bytes;
+        if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
+        weight_stats_[id].gathered_bytes += gathered;
+        if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+      }
     }
     batch.launch();
   }
-  // The GEMM layout is unpacked per weight; the BF16 layout in one unpack_many per wire spec (one
-  // kernel launch for up to kernels::kUnpackJobsPerLaunch weights on CUDA: an MoE expert group is one
-  // key of many same-wire weights), the specs in the order the key first names them.
+  // The GEMM layout is unpacked per weight; the BF16 layout in one unpack_many per wire spec over all
+  // the keys (one kernel launch for up to kernels::kUnpackJobsPerLaunch weights on CUDA: an MoE expert
+  // group is one key of many same-wire weights), the specs in the order the keys first name them.
   unpacks_scratch_.clear();
-  char* next = static_cast<char*>(slot.ptr);
-  for (WeightId id : key) {
-    const Weight& w = registry_.get(id);
-    const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-    const kernels::GatheredChunks chunks{next, gathered, w.geometry};
-    char* region = next + gathered;
-    next = region + w.output_bytes;
-    if (w.gathers_in_place) continue;  // the gathered rows are the weight
-    if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
-      backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
-    } else {
-      unpacks_scratch_.emplace_back(w.desc.wire, kernels::UnpackJob{chunks, region, w.output_bytes});
+  for (std::size_t f = 0; f < n; ++f) {
+    const ChainKey& key = *fills[f].key;
+    char* next = static_cast<char*>(cache.slot(fills[f].index).ptr);
+    for (WeightId id : key) {
+      const Weight& w = registry_.get(id);
+      const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
+      const kernels::GatheredChunks chunks{next, gathered, w.geometry};
+      char* region = next + gathered;
+      next = region + w.output_bytes;
+      if (w.gathers_in_place) continue;  // the gathered rows are the weight
+      if (key.layout == Layout::kGemm && w.desc.wire.format != kernels::WireFormat::kBF16) {
+        backend_.unpack_gemm(stream, w.desc.wire, chunks, gemm_outputs(w, region));
+      } else {
+        unpacks_scratch_.emplace_back(w.desc.wire, kernels::UnpackJob{chunks, region, w.output_bytes});
+      }
     }
   }
   unpack_specs_scratch_.clear();
@@ -183,10 +198,13 @@ void Runtime::fill(int index, const ChainKey& key, const char* why) {
     }
     backend_.unpack_many(stream, spec, unpack_jobs_scratch_);
   }
-  slot.key = key;
-  slot.versions = versions(key);
-  if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
-  slot.ready = backend_.record(stream);
+  for (std::size_t f = 0; f < n; ++f) {
+    Cache::Slot& slot = cache.slot(fills[f].index);
+    slot.key = *fills[f].key;
+    slot.versions = versions(slot.key);
+    if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
+    slot.ready = backend_.record(stream);
+  }
   if (trace_.enabled()) trace_.add("gather " + names, why, start);
 }
 
@@ -289,7 +307,9 @@ bool Runtime::prefetch(int group, const ChainKey& key, int chain, std::int64_t p
   slot.chain = chain;
   slot.position = position;
   ++stats_.prefetches;
+  ++stats_.prefetch_batches;
   ++group_stats_[group].prefetches;
+  ++group_stats_[group].prefetch_batches;
   return true;
 }
 
@@ -339,19 +359,70 @@ void Runtime::refill_schedule() {
       if (s.state == Cache::State::kPrefetched && !in_window(s.chain, s.position)) cache->drop(i);
     }
   }
+  // The window's entries not prefetched yet, in consume order; a group stops at its first entry that
+  // cannot be gathered (unregistered since recording).
   deferred_scratch_.assign(groups, 0);
+  due_scratch_.clear();
   for (std::int64_t i : window_scratch_) {
     const auto [chain, position] = schedule_[i];
     const int g = schedule_group_[i];
     if (deferred_scratch_[g] != 0 || caches_[g]->find_prefetched(chain, position) >= 0) continue;
     if (chain >= static_cast<int>(chains_.size()) || chains_[chain].recording() ||
         position >= chains_[chain].length()) {
-      return;  // the chain was reset since the schedule was recorded
+      break;  // the chain was reset since the schedule was recorded
     }
-    const ChainKey& key = chains_[chain].at(position);
-    // A weight unregistered since recording, or the group's budget: the group waits (retried on the
-    // next consume or release) while the other groups go on.
-    if (!registered(key) || !prefetch(g, key, chain, position)) deferred_scratch_[g] = 1;
+    // A weight unregistered since recording: the group waits (retried on the next consume or
+    // release) while the other groups go on.
+    if (!registered(chains_[chain].at(position))) {
+      deferred_scratch_[g] = 1;
+      continue;
+    }
+    due_scratch_.push_back(i);
+  }
+  // Per group: its due prefetches go out in fills of prefetch_batch keys, in consume order; fewer wait
+  // for more to fall due, except a group's next consume, which goes out at once with what is due
+  // behind it (up to a batch). Slots are taken until the group's budget defers the rest.
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<std::int64_t>& mine = by_group_[g];
+    const auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
+    const std::int64_t batch = groups_[g].prefetch_batch;
+    std::int64_t due = 0;
+    bool next_due = false;
+    for (std::int64_t i : due_scratch_) {
+      if (schedule_group_[i] != g) continue;
+      next_due = next_due || (next != mine.end() && *next == i);
+      ++due;
+    }
+    const std::int64_t first = next_due ? std::min(due, batch) : 0;
+    std::int64_t issue = first + (due - first) / batch * batch;
+    Cache& cache = *caches_[g];
+    fills_scratch_.clear();
+    for (std::size_t d = 0; d < due_scratch_.size() && issue > 0; ++d) {
+      const std::int64_t i = due_scratch_[d];
+      if (schedule_group_[i] != g) continue;
+      const auto [chain, position] = schedule_[i];
+      const ChainKey& key = chains_[chain].at(position);
+      const int index = cache.take(bytes_for(key), /*on_demand=*/false, fill_stream(key));
+      if (index < 0) break;  // the group's budget: the rest waits for a release
+      Cache::Slot& slot = cache.slot(index);
+      slot.state = Cache::State::kPrefetched;  // taken: the next take must not return it
+      slot.chain = chain;
+      slot.position = position;
+      fills_scratch_.push_back(Fill{index, &key});
+      --issue;
+    }
+    // The first fill holds `first` keys when the next consume leads it, the others whole batches.
+    std::size_t begin = 0;
+    while (begin < fills_scratch_.size()) {
+      const std::size_t size = std::min<std::size_t>(fills_scratch_.size() - begin,
+                                                     begin == 0 && first > 0 ? first : batch);
+      fill_many(fills_scratch_.data() + begin, size, "prefetch");
+      stats_.prefetches += static_cast<std::int64_t>(size);
+      group_stats_[g].prefetches += static_cast<std::int64_t>(size);
+      ++stats_.prefetch_batches;
+      ++group_stats_[g].prefetch_batches;
+      begin += size;
+    }
   }
 }
 
@@ -658,7 +729,7 @@ std::string Runtime::stats_json() const {
   j["backend"] = backend_.name();
   j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits},
                       {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
-                      {"stale_prefetches", s.stale_prefetches}};
+                      {"prefetch_batches", s.prefetch_batches}, {"stale_prefetches", s.stale_prefetches}};
   j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch},
                  {"schedule_entries", schedule_.size()}, {"schedule_mismatches", s.schedule_mismatches}};
   j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_waits", c.budget_waits},
@@ -667,12 +738,13 @@ std::string Runtime::stats_json() const {
   for (int index = 0; index < group_count(); ++index) {
     const GroupStats group = group_stats(index);
     groups.push_back({{"group", index}, {"name", group.config.name}, {"depth", group.config.depth},
+                      {"prefetch_batch", group.config.prefetch_batch},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
                       {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},
                       {"materializations", group.materializations}, {"prefetch_hits", group.prefetch_hits},
                       {"exposed_gathers", group.exposed_gathers}, {"prefetches", group.prefetches},
-                      {"prefetched", group.prefetched}});
+                      {"prefetch_batches", group.prefetch_batches}, {"prefetched", group.prefetched}});
   }
   j["groups"] = groups;
   j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},

@@ -48,12 +48,18 @@ struct GroupConfig {
   int depth = 1;                  // keys of this group prefetched ahead, 0 (always on demand)..kMaxDepth
   std::int64_t budget_bytes = 0;  // cap on the bytes of this group's cache slots; 0: no limit
   std::string name;               // in messages and stats; empty: "group <index>"
+  // The group's due prefetches wait until this many are due (1..max(depth, 1)), then go out together:
+  // one collective batch (one NCCL group launch on the CUDA backend) and one unpack launch per wire,
+  // instead of one of each per key. A prefetch whose consume is next never waits. Trades lead time
+  // (each key is gathered depth - batch + 1 to depth consumes ahead) for host and launch overhead.
+  int prefetch_batch = 1;
 };
 
 struct RuntimeConfig {
   // With `groups` empty, every group gets `depth` and `cache.budget_bytes` (each group its own
   // budget of that size, not a share of it).
   int depth = 1;  // 0 (no prefetch, as profiles allow)..kMaxDepth
+  int prefetch_batch = 1;  // every group's GroupConfig::prefetch_batch when `groups` is empty
   CacheConfig cache;
   std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;
@@ -66,6 +72,7 @@ struct RuntimeStats {
   std::int64_t prefetch_hits = 0;       // served from a slot gathered ahead
   std::int64_t exposed_gathers = 0;     // gathered on demand (recording, mismatch, budget, first use)
   std::int64_t prefetches = 0;          // gathers issued ahead of their consumer
+  std::int64_t prefetch_batches = 0;    // times prefetches went out (prefetches / this: keys per batch)
   std::int64_t stale_prefetches = 0;    // prefetched weights re-packed before use: dropped, re-gathered
   std::int64_t chain_mismatches = 0;    // over all chains
   std::string last_mismatch;
@@ -79,6 +86,7 @@ struct GroupStats {
   std::int64_t prefetch_hits = 0;
   std::int64_t exposed_gathers = 0;
   std::int64_t prefetches = 0;
+  std::int64_t prefetch_batches = 0;
   std::int64_t prefetched = 0;  // slots prefetched now (at most config.depth)
   CacheStats cache;
 };
@@ -155,8 +163,19 @@ class Runtime {
   // The group whose cache, depth and budget a key uses: its first weight's.
   int group_of(const ChainKey& key) const { return registry_.get(key.front()).desc.group; }
   bool registered(const ChainKey& key) const;
-  // Gathers and unpacks `key` into slot `slot` of its group's cache; `why` is the trace category.
-  void fill(int slot, const ChainKey& key, const char* why);
+  // A key to gather into slot `index` of its group's cache.
+  struct Fill {
+    int index;
+    const ChainKey* key;
+  };
+  // Gathers and unpacks keys into their slots: every key's all-gathers in one collective batch, then
+  // the unpacks (one launch per wire spec for the BF16 layout). All keys fill on one stream: keys of
+  // one group. `why` is the trace category.
+  void fill_many(const Fill* fills, std::size_t n, const char* why);
+  void fill(int slot, const ChainKey& key, const char* why) {
+    const Fill one{slot, &key};
+    fill_many(&one, 1, why);
+  }
   // Takes a slot of the key's group for a prefetch of (chain, position) and fills it; false when the
   // group's budget defers it.
   bool prefetch(int group, const ChainKey& key, int chain, std::int64_t position);
@@ -207,6 +226,9 @@ class Runtime {
   std::vector<int> window_group_scratch_;
   std::vector<int> count_scratch_;
   std::vector<char> deferred_scratch_;
+  // refill_schedule's due prefetches (schedule indices) and one group's takes: reused likewise.
+  std::vector<std::int64_t> due_scratch_;
+  std::vector<Fill> fills_scratch_;
   // fill()'s BF16-layout unpacks with their wire specs, the distinct specs, and one spec's jobs:
   // reused, so a steady-state fill allocates nothing.
   std::vector<std::pair<kernels::WireSpec, kernels::UnpackJob>> unpacks_scratch_;

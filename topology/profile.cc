@@ -141,7 +141,7 @@ std::string parallel_error_path(const std::string& message) {
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
   r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
-                "memory_budget"});
+                "prefetch_batch", "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
   const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
@@ -158,6 +158,13 @@ GroupSettings parse_group(const json& value, const std::string& path) {
   s.nvfp4_2d = r.choice("nvfp4_blocks", "1d", {"1d", "2d"}) == "2d";
   s.mx_rounding_floor = r.choice("mx_rounding", "rceil", {"rceil", "floor"}) == "floor";
   s.prefetch_depth = static_cast<int>(r.integer("prefetch_depth", 1, 0, 64));
+  s.prefetch_batch = static_cast<int>(r.integer("prefetch_batch", 1, 1, 64));
+  if (s.prefetch_batch > std::max(s.prefetch_depth, 1)) {
+    r.fail("prefetch_batch", "prefetch_batch=" + std::to_string(s.prefetch_batch) + " exceeds prefetch_depth=" +
+                                 std::to_string(s.prefetch_depth) + "; use 1.." +
+                                 std::to_string(std::max(s.prefetch_depth, 1)) +
+                                 " (a batch is issued out of the prefetch window)");
+  }
   if (r.has("memory_budget")) {
     const json& budget = r.raw("memory_budget");
     if (budget.is_number_integer()) {

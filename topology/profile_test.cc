@@ -180,6 +180,26 @@ TEST(Profile, ImpossibleSizesPointAtTheKnob) {
   doc = base_profile();
   doc["groups"]["tp"] = {{"memory_budget", "lots"}};
   EXPECT_NE(error_of(doc).find("/groups/tp/memory_budget: 'lots' is not a byte size"), std::string::npos);
+  doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"prefetch_depth", 2}, {"prefetch_batch", 3}};
+  EXPECT_EQ(error_of(doc),
+            "/groups/gtp_remat/prefetch_batch: prefetch_batch=3 exceeds prefetch_depth=2; use 1..2 (a batch is "
+            "issued out of the prefetch window)");
+  doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"prefetch_batch", 0}};
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/prefetch_batch: value 0 is out of range: use 1..64"),
+            std::string::npos);
+}
+
+TEST(Profile, PrefetchBatchDefaultsToOneAndIsReadPerGroup) {
+  json doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"prefetch_depth", 4}, {"prefetch_batch", 2}};
+  const Profile profile = parse_profile(doc, ".");
+  EXPECT_EQ(profile.group("gtp_remat").prefetch_depth, 4);
+  EXPECT_EQ(profile.group("gtp_remat").prefetch_batch, 2);
+  EXPECT_EQ(profile.group("expt_gtp_remat").prefetch_batch, 1);  // not mentioned: the default
+  doc["groups"]["gtp_remat"] = {{"prefetch_depth", 0}, {"prefetch_batch", 1}};  // no prefetch: batch 1 only
+  EXPECT_EQ(parse_profile(doc, ".").group("gtp_remat").prefetch_batch, 1);
 }
 
 TEST(Profile, ClusterForms) {

@@ -1,7 +1,8 @@
 // Host overhead of gtp_materialize + gtp_release through the C ABI, per weight, on the prefetch-hit
 // path: G = 1, tiny weights, 1 / 8 / 64 weights per call, depth 1..4, on the host backend (BF16 wire)
 // and, where a CUDA device is present, on GTP_BACKEND_CUDA (a size-1 NCCL group) with the BF16 wire
-// (gathered in place) and the FP8 wire (gather + unpack kernel). Reported as us_per_weight (CPU time;
+// (gathered in place) and the FP8 wire (gather + unpack kernel), each also with the profile's
+// prefetch_batch of 2 and 4 (prefetches issued together). Reported as us_per_weight (CPU time;
 // target <= 3 us), with allocations after warm-up (must be 0) and the cache's slot bytes against the
 // (depth + 1) x largest-group bound as counters.
 //   bazel run -c opt //bench/remat:c_abi_overhead_bench -- --benchmark_out=$PWD/out.json
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -50,12 +52,27 @@ void cuda_ok(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
 }
 
-// Arguments: weights per call, depth, backend (GTP_BACKEND_HOST / _CUDA), wire (GTP_WIRE_BF16 / _FP8).
+// A one-GPU profile whose dense group prefetches `depth` keys ahead in batches of `batch`.
+std::string batch_profile(int depth, int batch) {
+  const nlohmann::json doc = {
+      {"schema_version", 1},
+      {"cluster",
+       {{"template",
+         {{"host_count", 1},
+          {"host", {{"numa_nodes", {{{"os_index", 0}, {"cpuset", "0x1"}}}}, {"gpus", {{{"index", 0}, {"numa_node", 0}}}}}}}}}},
+      {"parallel", {{"world_size", 1}}},
+      {"groups", {{"gtp_remat", {{"prefetch_depth", depth}, {"prefetch_batch", batch}}}}}};
+  return doc.dump();
+}
+
+// Arguments: weights per call, depth, backend (GTP_BACKEND_HOST / _CUDA), wire (GTP_WIRE_BF16 / _FP8),
+// prefetch batch (1: the config's depth, no profile).
 void BM_CAbiMaterializeRelease(benchmark::State& state) {
   const int per_call = static_cast<int>(state.range(0));
   const int depth = static_cast<int>(state.range(1));
   const auto backend = static_cast<gtp_backend_t>(state.range(2));
   const auto wire = static_cast<gtp_wire_t>(state.range(3));
+  const int batch = static_cast<int>(state.range(4));
   const bool cuda = backend == GTP_BACKEND_CUDA;
   gtp_bootstrap_callbacks_t callbacks;
   std::memset(&callbacks, 0, sizeof callbacks);
@@ -70,6 +87,11 @@ void BM_CAbiMaterializeRelease(benchmark::State& state) {
   config.callbacks = &callbacks;
   config.prefetch_depth = depth;
   config.backend = backend;
+  const std::string profile = batch_profile(depth, batch);
+  if (batch > 1) {
+    config.profile_json = profile.c_str();
+    config.prefetch_depth = GTP_FROM_PROFILE;
+  }
   gtp_context_t* ctx = nullptr;
   ok(gtp_context_create(&config, &ctx), nullptr, "gtp_context_create");
 
@@ -127,6 +149,9 @@ void BM_CAbiMaterializeRelease(benchmark::State& state) {
   state.counters["hit_fraction"] =
       (end["materialize"]["prefetch_hits"].get<double>() - warm["materialize"]["prefetch_hits"].get<double>()) /
       (end["materialize"]["calls"].get<double>() - warm["materialize"]["calls"].get<double>());
+  state.counters["keys_per_batch"] =
+      (end["materialize"]["prefetches"].get<double>() - warm["materialize"]["prefetches"].get<double>()) /
+      (end["materialize"]["prefetch_batches"].get<double>() - warm["materialize"]["prefetch_batches"].get<double>());
   state.counters["allocations_after_warmup"] =
       end["memory"]["allocations"].get<double>() - warm["memory"]["allocations"].get<double>();
   state.counters["materialized_bytes"] = end["cache"]["slot_bytes"].get<double>();
@@ -148,8 +173,11 @@ int main(int argc, char** argv) {
   const auto add = [](const char* name, gtp_backend_t backend, gtp_wire_t wire) {
     auto* b = benchmark::RegisterBenchmark(name, BM_CAbiMaterializeRelease);
     for (int weights : {1, 8, 64})
-      for (int depth = 1; depth <= 4; ++depth) b->Args({weights, depth, backend, wire});
-    b->ArgNames({"weights", "depth", "backend", "wire"});
+      for (int depth = 1; depth <= 4; ++depth) b->Args({weights, depth, backend, wire, 1});
+    for (int weights : {1, 8})
+      for (const auto& [depth, batch] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}})
+        b->Args({weights, depth, backend, wire, batch});
+    b->ArgNames({"weights", "depth", "backend", "wire", "batch"});
   };
   add("BM_CAbiMaterializeRelease/host/bf16", GTP_BACKEND_HOST, GTP_WIRE_BF16);
   std::string why;

@@ -226,7 +226,7 @@ TEST(CAbiGroups, FromGroupTakesTheGroupsBlockShapeAndRounding) {
 // steps, each group prefetching at its own profile depth (once refused: the runtime had one depth).
 // Every weight is the same 40 x 32 BF16, so every key fills one 2 x 32-row slot of 4 KiB.
 void train_two_groups(const std::string& profile, int32_t config_depth, int dense_depth, int expert_depth,
-                      int64_t dense_budget, int64_t expert_budget) {
+                      int64_t dense_budget, int64_t expert_budget, int dense_batch = 1) {
   SCOPED_TRACE("dense depth " + std::to_string(dense_depth) + ", expert depth " + std::to_string(expert_depth));
   constexpr int kSteps = 3;
   constexpr int64_t kKeyBytes = 2 * 32 * kCols * 2;
@@ -266,10 +266,14 @@ void train_two_groups(const std::string& profile, int32_t config_depth, int dens
     const nlohmann::json stats = stats_of(ctx);
     const int depths[2] = {dense_depth, expert_depth};
     const int64_t budgets[2] = {dense_budget, expert_budget};
+    const int batches[2] = {dense_batch, 1};
     for (int g : {GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}) {
       const nlohmann::json& group = stats.at("groups").at(g);
       EXPECT_EQ(group.at("depth").get<int>(), depths[g]) << stats;
       EXPECT_EQ(group.at("budget_bytes").get<int64_t>(), budgets[g]) << stats;
+      EXPECT_EQ(group.at("prefetch_batch").get<int>(), batches[g]) << stats;
+      EXPECT_EQ(group.at("prefetch_batches").get<int64_t>() * batches[g], group.at("prefetches").get<int64_t>())
+          << stats;
       EXPECT_EQ(group.at("budget_waits").get<int64_t>(), 0) << stats;
       EXPECT_EQ(group.at("materializations").get<int64_t>(), 4 * kSteps) << stats;
       // Four consumes of the group a step: the recording step's on demand, then all prefetched (or,
@@ -296,6 +300,11 @@ TEST(CAbiGroups, EachGroupTakesItsOwnDepthAndBudgetFromTheProfile) {
   train_two_groups(dense1_expert3, GTP_FROM_PROFILE, 1, 3, 0, 0);
   // An explicit config depth sets both groups; the budgets stay each group's own.
   train_two_groups(dense2_expert0, 1, 1, 1, 1 << 20, 2 << 20);
+  // The dense group's prefetches in pairs; a config depth of 1 brings that batch down to 1.
+  const std::string batched = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 2}, {"prefetch_batch", 2}}},
+                                                         {"expt_gtp_remat", {{"prefetch_depth", 3}}}});
+  train_two_groups(batched, GTP_FROM_PROFILE, 2, 3, 0, 0, 2);
+  train_two_groups(batched, 1, 1, 1, 0, 0, 1);
 }
 
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
@@ -304,6 +313,8 @@ TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
   const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2}};
   const std::string negative_depth = profile_with(2, parallel, {{"expt_gtp_remat", {{"prefetch_depth", -1}}}});
   const std::string deep = profile_with(2, parallel, {{"expt_gtp_remat", {{"prefetch_depth", 65}}}});
+  const std::string big_batch =
+      profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 2}, {"prefetch_batch", 4}}}});
   const std::string negative_budget = profile_with(2, parallel, {{"expt_gtp_remat", {{"memory_budget", -4096}}}});
   const std::string wire = profile_with(2, parallel, {{"gtp_remat", {{"wire_format", "fp16"}}}});
   const std::string key = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_dept", 2}}}});
@@ -321,6 +332,8 @@ TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
                    "/groups/expt_gtp_remat/prefetch_depth: value -1 is out of range: use 0..64");
   EXPECT_GTP_ERROR(attempt(deep), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "/groups/expt_gtp_remat/prefetch_depth: value 65 is out of range: use 0..64");
+  EXPECT_GTP_ERROR(attempt(big_batch), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "/groups/gtp_remat/prefetch_batch: prefetch_batch=4 exceeds prefetch_depth=2; use 1..2");
   EXPECT_GTP_ERROR(attempt(negative_budget), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "/groups/expt_gtp_remat/memory_budget: value -4096 is out of range: use 0..");
   EXPECT_GTP_ERROR(attempt(wire), GTP_ERROR_INVALID_ARGUMENT, nullptr, "/groups/gtp_remat/wire_format");

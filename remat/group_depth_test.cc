@@ -383,6 +383,55 @@ TEST(PrefetchBatch, KeysGoOutTogetherAndEveryConsumeStillHits) {
   }
 }
 
+// The lead a batch leaves: after every consume of a steady step, each group holds at least
+// depth - batch + 1 prefetched keys, or every key it has left in the step (its last window goes out
+// whole, short batch included: the experts' 8 consumes a step are no multiple of 3).
+TEST(PrefetchBatch, EveryGroupKeepsDepthMinusBatchPlusOneAheadAndItsLastWindowWhole) {
+  struct Setting {
+    int depth, batch;
+  };
+  const Setting dense{4, 2}, expert{3, 3};
+  on_ranks(2, [&](comm::HostComm& comm) {
+    HostBackend backend({&comm, &comm});
+    RuntimeConfig config = per_group(dense.depth, 0, expert.depth, 0);
+    config.groups[kDense].prefetch_batch = dense.batch;
+    config.groups[kExpert].prefetch_batch = expert.batch;
+    Runtime runtime(backend, config);
+    GroupedModel model(runtime, comm);
+    std::vector<std::pair<int, Phase>> order;  // one step: two microbatches
+    for (int mb = 0; mb < 2; ++mb) {
+      for (int key : {0, 3, 1, 4, 2}) order.emplace_back(key, Phase::kForward);
+      for (int key : {2, 4, 1, 3, 0}) order.emplace_back(key, Phase::kBackward);
+    }
+    const auto group_of_key = [](int key) { return key < 3 ? kDense : kExpert; };
+    for (int step = 0; step < 4; ++step) {
+      model.update(step);
+      for (std::size_t j = 0; j < order.size(); ++j) {
+        model.use(order[j].first, order[j].second);
+        if (step < 2) continue;  // recording, then the first step on the schedule
+        for (const auto& [group, setting] : {std::pair{kDense, dense}, std::pair{kExpert, expert}}) {
+          std::int64_t remaining = 0;
+          for (std::size_t later = j + 1; later < order.size(); ++later) {
+            remaining += group_of_key(order[later].first) == group ? 1 : 0;
+          }
+          const std::int64_t prefetched = runtime.group_stats(group).prefetched;
+          EXPECT_GE(prefetched, std::min<std::int64_t>(setting.depth - setting.batch + 1, remaining))
+              << "group " << group << ", step " << step << ", after consume " << j << ": " << runtime.stats_json();
+          EXPECT_LE(prefetched, setting.depth);
+          if (remaining <= setting.depth) {
+            EXPECT_EQ(prefetched, remaining) << "group " << group << ": the last window goes out whole";
+          }
+        }
+      }
+      runtime.drain(nullptr);
+    }
+    const GroupStats e = runtime.group_stats(kExpert);
+    EXPECT_EQ(e.prefetch_hits, 2 * kExpertConsumes * 3) << runtime.stats_json();
+    EXPECT_LT(e.prefetch_batches, e.prefetches);
+    EXPECT_GT(e.prefetch_batches * expert.batch, e.prefetches) << "a short batch at each step's end";
+  });
+}
+
 TEST(PerGroupConfig, BadValuesNameTheGroupTheValueAndTheFix) {
   on_ranks(1, [](comm::HostComm& comm) {
     HostBackend backend({&comm, &comm});

@@ -381,7 +381,9 @@ void Runtime::refill_schedule() {
   }
   // Per group: its due prefetches go out in fills of prefetch_batch keys, in consume order; fewer wait
   // for more to fall due, except a group's next consume, which goes out at once with what is due
-  // behind it (up to a batch). Slots are taken until the group's budget defers the rest.
+  // behind it (up to a batch), and the window's last entries of the step (its window reaches the end
+  // of the group's schedule: nothing more falls due, so waiting would only cost lead time). Slots are
+  // taken until the group's budget defers the rest.
   for (int g = 0; g < groups; ++g) {
     const std::vector<std::int64_t>& mine = by_group_[g];
     const auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
@@ -393,8 +395,9 @@ void Runtime::refill_schedule() {
       next_due = next_due || (next != mine.end() && *next == i);
       ++due;
     }
+    const bool window_reaches_end = mine.end() - next <= groups_[g].depth;
     const std::int64_t first = next_due ? std::min(due, batch) : 0;
-    std::int64_t issue = first + (due - first) / batch * batch;
+    std::int64_t issue = window_reaches_end ? due : first + (due - first) / batch * batch;
     Cache& cache = *caches_[g];
     fills_scratch_.clear();
     for (std::size_t d = 0; d < due_scratch_.size() && issue > 0; ++d) {
@@ -411,7 +414,8 @@ void Runtime::refill_schedule() {
       fills_scratch_.push_back(Fill{index, &key});
       --issue;
     }
-    // The first fill holds `first` keys when the next consume leads it, the others whole batches.
+    // The first fill holds `first` keys when the next consume leads it, the others whole batches
+    // (the last one fewer at the window's end).
     std::size_t begin = 0;
     while (begin < fills_scratch_.size()) {
       const std::size_t size = std::min<std::size_t>(fills_scratch_.size() - begin,

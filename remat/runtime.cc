@@ -420,7 +420,14 @@ void Runtime::refill_schedule() {
     while (begin < fills_scratch_.size()) {
       const std::size_t size = std::min<std::size_t>(fills_scratch_.size() - begin,
                                                      begin == 0 && first > 0 ? first : batch);
-      fill_many(fills_scratch_.data() + begin, size, "prefetch");
+      try {
+        fill_many(fills_scratch_.data() + begin, size, "prefetch");
+      } catch (...) {  // slots taken but not filled must not read as prefetched
+        for (std::size_t f = begin; f < fills_scratch_.size(); ++f) {
+          cache.slot(fills_scratch_[f].index).state = Cache::State::kFree;
+        }
+        throw;
+      }
       stats_.prefetches += static_cast<std::int64_t>(size);
       group_stats_[g].prefetches += static_cast<std::int64_t>(size);
       ++stats_.prefetch_batches;

@@ -405,78 +405,129 @@ TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
 // An MoE-style key: twelve weights of different shapes over three quantized wires, materialized in
 // one call, so the fill unpacks each wire's weights with one unpack_many (unpack_many_cuda). Every
 // weight must equal the CPU reference of its chunk, bit for bit, on the exposed fill and on a hit.
+// Twelve FP32 weights of three quantized wires (ragged rows, four widths) registered with `runtime`,
+// each with the CPU reference of its BF16 unpack (packed with its own amax: G = 1).
+struct ReferenceWeights {
+  static constexpr int kCount = 12;
+  const kernels::WireSpec specs[3] = {
+      {kernels::WireFormat::kFP8},
+      {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D},
+      {kernels::WireFormat::kMXFP8, kernels::ScaleRounding::kFloor}};
+  std::vector<WeightId> ids;
+  std::vector<float*> shards;
+  std::vector<std::vector<std::uint16_t>> expected;
+
+  explicit ReferenceWeights(Runtime& runtime) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 3.0f);
+    for (int i = 0; i < kCount; ++i) {
+      const kernels::WireSpec& spec = specs[i % 3];
+      const std::int64_t rows = 8 + 37 * i, cols = 64 * (1 + i % 4);
+      std::vector<float> full(rows * cols);
+      for (float& v : full) v = normal(rng);
+      float* shard = nullptr;
+      EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&shard), full.size() * sizeof(float)), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(shard, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      shards.push_back(shard);
+      WeightDesc desc;
+      desc.name = "weight" + std::to_string(i);
+      desc.shard = shard;
+      desc.dtype = kernels::SourceDtype::kFP32;
+      desc.rows = rows;
+      desc.cols = cols;
+      desc.wire = spec;
+      ids.push_back(runtime.register_weight(desc));
+      const auto geometry = kernels::weight_geometry(spec.format, rows, cols, 1);
+      const kernels::ChunkLayout layout = runtime.registry().get(ids.back()).layout;
+      const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+      std::vector<unsigned char> chunk(layout.chunk_bytes);
+      kernels::PackArgs args;
+      args.shard = full.data();
+      args.src_dtype = kernels::SourceDtype::kFP32;
+      args.shard_rows = geometry.shard_rows;
+      args.valid_rows = rows;
+      args.cols = cols;
+      args.amax = &amax;
+      args.chunk = chunk.data();
+      args.chunk_capacity = layout.chunk_bytes;
+      kernels::pack_reference(spec, args);
+      expected.emplace_back(rows * cols);
+      kernels::unpack_reference(spec, {chunk.data(), layout.chunk_bytes, geometry}, expected.back().data(),
+                                rows * cols * 2);
+    }
+  }
+  ~ReferenceWeights() {
+    for (float* shard : shards) cudaFree(shard);
+  }
+  // Weight i's materialized BF16 against its reference, every byte.
+  void expect_equal(std::size_t i, const void* device, const std::string& when) const {
+    const auto got = to_host(device, static_cast<std::int64_t>(expected[i].size() * 2));
+    EXPECT_EQ(std::memcmp(got.data(), expected[i].data(), got.size()), 0)
+        << "weight " << i << " (" << kernels::to_string(specs[i % 3]) << ") " << when;
+  }
+};
+
 TEST(CudaBackend, AKeyOfManyQuantizedWeightsUnpacksEachToTheCpuReference) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  using kernels::WireFormat;
   SizeOneGroup group;
   CudaBackend backend(0, group.groups(), milliseconds(30000));
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const kernels::WireSpec specs[] = {
-      {WireFormat::kFP8},
-      {WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D},
-      {WireFormat::kMXFP8, kernels::ScaleRounding::kFloor}};
   Runtime runtime(backend, RuntimeConfig{});
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  std::vector<WeightId> ids;
-  std::vector<float*> shards;
-  std::vector<std::vector<std::uint16_t>> expected;
-  for (int i = 0; i < 12; ++i) {
-    const kernels::WireSpec& spec = specs[i % 3];
-    const std::int64_t rows = 8 + 37 * i, cols = 64 * (1 + i % 4);  // ragged rows, four widths
-    std::vector<float> full(rows * cols);
-    for (float& v : full) v = normal(rng);
-    float* shard = nullptr;
-    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&shard), full.size() * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(shard, full.data(), full.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    shards.push_back(shard);
-    WeightDesc desc;
-    desc.name = "expert" + std::to_string(i);
-    desc.shard = shard;
-    desc.dtype = kernels::SourceDtype::kFP32;
-    desc.rows = rows;
-    desc.cols = cols;
-    desc.wire = spec;
-    ids.push_back(runtime.register_weight(desc));
-    // The CPU reference: pack with the weight's amax (G = 1), then unpack to BF16.
-    const auto geometry = kernels::weight_geometry(spec.format, rows, cols, 1);
-    const kernels::ChunkLayout layout = runtime.registry().get(ids.back()).layout;
-    const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
-    std::vector<unsigned char> chunk(layout.chunk_bytes);
-    kernels::PackArgs args;
-    args.shard = full.data();
-    args.src_dtype = kernels::SourceDtype::kFP32;
-    args.shard_rows = geometry.shard_rows;
-    args.valid_rows = rows;
-    args.cols = cols;
-    args.amax = &amax;
-    args.chunk = chunk.data();
-    args.chunk_capacity = layout.chunk_bytes;
-    kernels::pack_reference(spec, args);
-    expected.emplace_back(rows * cols);
-    kernels::unpack_reference(spec, {chunk.data(), layout.chunk_bytes, geometry}, expected.back().data(),
-                              rows * cols * 2);
-  }
+  ReferenceWeights weights(runtime);
+  const std::vector<WeightId>& ids = weights.ids;
   runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
   for (int step = 0; step < 2; ++step) {  // the second step is a prefetch hit
     const auto views = runtime.materialize_views(ids.data(), static_cast<std::int64_t>(ids.size()), Phase::kForward,
                                                  0, Layout::kBF16, stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      const auto got = to_host(views[i].data, static_cast<std::int64_t>(expected[i].size() * 2));
-      EXPECT_EQ(std::memcmp(got.data(), expected[i].data(), got.size()), 0)
-          << "weight " << i << " (" << kernels::to_string(specs[i % 3]) << ") step " << step;
-    }
+    for (std::size_t i = 0; i < ids.size(); ++i) weights.expect_equal(i, views[i].data, "step " + std::to_string(step));
     runtime.release(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
     runtime.drain(stream);
   }
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_GT(runtime.stats().prefetch_hits, 0);
   for (WeightId id : ids) runtime.unregister_weight(id);
-  for (float* shard : shards) cudaFree(shard);
   cudaStreamDestroy(stream);
+}
+
+// The same weights as one key each, prefetched four ahead in batches of 2 and 4: each batch's
+// all-gathers go out as one NCCL group and its unpacks as one launch per wire over several slots.
+// Every weight of every step equals the CPU reference, every consume after the recording step hits,
+// and each batch carries k keys (12 consumes a step).
+TEST(CudaBackend, BatchedPrefetchesMatchTheCpuReference) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (int batch : {2, 4}) {
+    SizeOneGroup group;
+    CudaBackend backend(0, group.groups(), milliseconds(30000));
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    RuntimeConfig config;
+    config.depth = 4;
+    config.prefetch_batch = batch;
+    Runtime runtime(backend, config);
+    ReferenceWeights weights(runtime);
+    const std::vector<WeightId>& ids = weights.ids;
+    runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+    constexpr int kSteps = 3;
+    for (int step = 0; step < kSteps; ++step) {
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const auto out = runtime.materialize(&ids[i], 1, Phase::kForward, 0, Layout::kBF16, stream);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        weights.expect_equal(i, out[0], "batch " + std::to_string(batch) + ", step " + std::to_string(step));
+        runtime.release(&ids[i], 1, stream);
+      }
+      runtime.drain(stream);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const RuntimeStats s = runtime.stats();
+    EXPECT_EQ(s.prefetch_hits, (kSteps - 1) * ReferenceWeights::kCount) << runtime.stats_json();
+    EXPECT_EQ(s.prefetch_batches * batch, s.prefetches) << runtime.stats_json();
+    for (WeightId id : ids) runtime.unregister_weight(id);
+    cudaStreamDestroy(stream);
+  }
 }
 
 TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {

@@ -150,7 +150,16 @@ void Runtime::refill_schedule() {
   // behind it (up to a batch), and the window's last entries of the step (its window reaches the end
   // of the group's schedule: nothing more falls due, so waiting would only cost lead time). Slots are
   // taken until the group's budget defers the rest.
-  for (int g = 0; g < groups; ++g) {
+  // Groups go in the order of their first due consume, so the earliest consume is still gathered
+  // first where groups share a communicator.
+  group_order_scratch_.clear();
+  for (std::int64_t i : due_scratch_) {
+    const int g = schedule_group_[i];
+    if (std::find(group_order_scratch_.begin(), group_order_scratch_.end(), g) == group_order_scratch_.end()) {
+      group_order_scratch_.push_back(g);
+    }
+  }
+  for (int g : group_order_scratch_) {
     const std::vector<std::int64_t>& mine = by_group_[g];
     const auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
     const std::int64_t batch = groups_[g].prefetch_batch;

@@ -226,8 +226,10 @@ class Runtime {
   std::vector<int> window_group_scratch_;
   std::vector<int> count_scratch_;
   std::vector<char> deferred_scratch_;
-  // refill_schedule's due prefetches (schedule indices) and one group's takes: reused likewise.
+  // refill_schedule's due prefetches (schedule indices), the groups in the order of their first due
+  // consume, and one group's takes: reused likewise.
   std::vector<std::int64_t> due_scratch_;
+  std::vector<int> group_order_scratch_;
   std::vector<Fill> fills_scratch_;
   // fill()'s BF16-layout unpacks with their wire specs, the distinct specs, and one spec's jobs:
   // reused, so a steady-state fill allocates nothing.

@@ -57,8 +57,8 @@ struct Shape {
 // Ragged rows (padding inside and across shards), odd tile counts, an odd number of 16-element
 // groups per row with a multi-lane team (208 columns: the last NVFP4 group has no partner lane),
 // several transpose tiles each way with ragged last tiles and shard boundaries inside tiles
-// (600 x 400, G=3: 208-row shards, 608 GEMM rows; 600 x 416 the same in 32-multiples, for the wide
-// NVFP4 transpose), and one large shard, which stays last.
+// (600 x 400, G=3: 208-row shards, 608 GEMM rows; 600 x 416 the same in 32-multiples, for the
+// NVFP4 transpose's whole 16-byte pieces), and one large shard, which stays last.
 const Shape kShapes[] = {{1000, 128, 8}, {333, 96, 3}, {31, 32, 4}, {96, 48, 1}, {64, 160, 1},
                          {50, 208, 2}, {600, 400, 3}, {600, 416, 3}, {4096, 1024, 2}};
 

@@ -296,6 +296,25 @@ std::vector<unsigned char> to_host(const void* device, std::int64_t bytes) {
   return host;
 }
 
+// The CPU reference of a G = 1 weight's chunk: the FP32 weight `full` packed with its own amax.
+std::vector<unsigned char> reference_chunk(const kernels::WireSpec& spec, const std::vector<float>& full,
+                                           std::int64_t rows, std::int64_t cols, const kernels::ChunkLayout& layout) {
+  const auto geometry = kernels::weight_geometry(spec.format, rows, cols, 1);
+  const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
+  std::vector<unsigned char> chunk(layout.chunk_bytes);
+  kernels::PackArgs args;
+  args.shard = full.data();
+  args.src_dtype = kernels::SourceDtype::kFP32;
+  args.shard_rows = geometry.shard_rows;
+  args.valid_rows = rows;
+  args.cols = cols;
+  args.amax = &amax;
+  args.chunk = chunk.data();
+  args.chunk_capacity = layout.chunk_bytes;
+  kernels::pack_reference(spec, args);
+  return chunk;
+}
+
 TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -337,18 +356,7 @@ TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {
 
     // The CPU reference of the same chunk: pack with the weight's amax, then both unpacks.
     const kernels::ChunkLayout layout = runtime.registry().get(id).layout;
-    const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
-    std::vector<unsigned char> chunk(layout.chunk_bytes);
-    kernels::PackArgs args;
-    args.shard = full.data();
-    args.src_dtype = kernels::SourceDtype::kFP32;
-    args.shard_rows = geometry.shard_rows;
-    args.valid_rows = rows;
-    args.cols = cols;
-    args.amax = &amax;
-    args.chunk = chunk.data();
-    args.chunk_capacity = layout.chunk_bytes;
-    kernels::pack_reference(spec, args);
+    std::vector<unsigned char> chunk = reference_chunk(spec, full, rows, cols, layout);
     const kernels::GatheredChunks in{chunk.data(), layout.chunk_bytes, geometry};
     std::vector<std::uint16_t> bf16(rows * cols);
     kernels::unpack_reference(spec, in, bf16.data(), rows * cols * 2);
@@ -439,18 +447,7 @@ struct ReferenceWeights {
       ids.push_back(runtime.register_weight(desc));
       const auto geometry = kernels::weight_geometry(spec.format, rows, cols, 1);
       const kernels::ChunkLayout layout = runtime.registry().get(ids.back()).layout;
-      const float amax = kernels::amax_reference(full.data(), kernels::SourceDtype::kFP32, rows, cols);
-      std::vector<unsigned char> chunk(layout.chunk_bytes);
-      kernels::PackArgs args;
-      args.shard = full.data();
-      args.src_dtype = kernels::SourceDtype::kFP32;
-      args.shard_rows = geometry.shard_rows;
-      args.valid_rows = rows;
-      args.cols = cols;
-      args.amax = &amax;
-      args.chunk = chunk.data();
-      args.chunk_capacity = layout.chunk_bytes;
-      kernels::pack_reference(spec, args);
+      std::vector<unsigned char> chunk = reference_chunk(spec, full, rows, cols, layout);
       expected.emplace_back(rows * cols);
       kernels::unpack_reference(spec, {chunk.data(), layout.chunk_bytes, geometry}, expected.back().data(),
                                 rows * cols * 2);

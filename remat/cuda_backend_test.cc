@@ -2,8 +2,9 @@
 // materialize (bit-identical to the shard), gradients into the main grad (also an undefined grad buffer
 // over poisoned memory: padding rows zeroed, rows written by the consumer); the GEMM-ready layout of
 // every wire format (unpack_gemm_cuda) and a key of many quantized weights (one unpack_many per wire)
-// against the CPU reference; the side streams per role and the
-// communicator per role. The argument checks run anywhere; the rest skips without a GPU.
+// against the CPU reference; the side streams per role and the communicator per role; batched
+// size-1 all-gathers, eagerly and under graph capture. The argument checks run anywhere; the rest
+// skips without a GPU.
 #include "remat/cuda_backend.h"
 
 #include <gtest/gtest.h>
@@ -140,6 +141,87 @@ TEST(CudaBackend, GathersAndReduceScattersUseTheirOwnCommunicators) {
   }
   cudaFree(send);
   cudaFree(recv);
+}
+
+// A collective batch of all-gathers on a size-1 group (one NCCL group: NCCL's one-rank path copies
+// each) delivers every buffer, of any size, on two streams, and moves nothing in place; captured
+// into a CUDA graph, every replay delivers again. A batch over an aborted communicator fails.
+TEST(CudaBackend, BatchedSizeOneAllGathersDeliverEagerlyAndUnderCapture) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  SizeOneGroup group;  // the split child gathers, so that aborting it cannot reach the other one
+  CudaBackend backend(0, {CudaGroup{&group.reduce_scatter, &group.gather}}, milliseconds(30000));
+  const Stream streams[2] = {backend.side_stream(0, Role::kGather), backend.side_stream(0, Role::kReduceScatter)};
+
+  const std::vector<std::size_t> sizes = {1000, 256, 4096, 4097, 16};  // the last one gathered in place
+  std::mt19937 random(20261203);
+  std::vector<std::vector<unsigned char>> sources;
+  std::vector<void*> send(sizes.size());
+  std::vector<void*> recv(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    sources.emplace_back(sizes[i]);
+    for (unsigned char& byte : sources.back()) byte = static_cast<unsigned char>(random());
+    ASSERT_EQ(cudaMalloc(&send[i], sizes[i]), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(send[i], sources[i].data(), sizes[i], cudaMemcpyHostToDevice), cudaSuccess);
+    recv[i] = send[i];
+    if (i + 1 < sizes.size()) {
+      ASSERT_EQ(cudaMalloc(&recv[i], sizes[i]), cudaSuccess);
+    }
+  }
+  const auto poison = [&] {
+    for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+      ASSERT_EQ(cudaMemset(recv[i], 0xA5, sizes[i]), cudaSuccess);
+    }
+  };
+  const auto gather_all = [&](const Stream* on) {
+    Backend::CollectiveBatch batch(backend);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      backend.all_gather(on[i % 2], 0, send[i], recv[i], static_cast<std::int64_t>(sizes[i]));
+    }
+    batch.launch();
+  };
+  const auto expect_delivered = [&] {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<unsigned char> got(sizes[i]);
+      ASSERT_EQ(cudaMemcpy(got.data(), recv[i], sizes[i], cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(got, sources[i]) << "all-gather " << i << " of " << sizes[i] << " bytes";
+    }
+  };
+
+  poison();
+  gather_all(streams);  // eager, over two streams
+  expect_delivered();
+
+  cudaStream_t captured = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&captured, cudaStreamNonBlocking), cudaSuccess);
+  const Stream on_captured[2] = {captured, captured};
+  ASSERT_EQ(cudaStreamBeginCapture(captured, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  {
+    Backend::CallScope call(backend);
+    EXPECT_TRUE(backend.capturing(captured));
+    gather_all(on_captured);
+  }
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(captured, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < 2; ++replay) {
+    poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, captured), cudaSuccess);
+    expect_delivered();
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(captured);
+
+  group.reduce_scatter.abort();
+  EXPECT_THROW(gather_all(streams), CudaError);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    cudaFree(send[i]);
+    if (recv[i] != send[i]) cudaFree(recv[i]);
+  }
 }
 
 // Needs two GPUs: a reduce-scatter communicator over other ranks, or the same ranks in another order,

@@ -214,6 +214,41 @@ void BM_Call(benchmark::State& state) {
       state.SetItemsProcessed(state.iterations() * copies);
       break;
     }
+    case 11:
+    case 12: {  // one FP8 weight's fill (size-1 all-gather + unpack launch): eagerly, or as a graph
+      const bool graph = state.range(0) == 12;
+      state.SetLabel(graph ? "cudaGraphLaunch of a captured fill: ncclAllGather (size 1) + unpack_cuda FP8"
+                           : "a fill, eagerly: ncclAllGather (size 1) + unpack_cuda FP8");
+      const kernels::WireSpec spec{kernels::WireFormat::kFP8};
+      const auto geometry = kernels::weight_geometry(spec.format, kRows, kCols, 1);
+      const auto layout = kernels::chunk_layout(spec, geometry.shard_rows, kCols);
+      char* gathered = static_cast<char*>(f.dst) + (1 << 15);  // the chunk's copy, then the output below it
+      const kernels::GatheredChunks chunks{gathered, layout.chunk_bytes, geometry};
+      const auto fill = [&] {
+        ncclAllGather(f.src, gathered, static_cast<std::size_t>(layout.chunk_bytes), ncclUint8, f.nccl.get(), f.stream);
+        kernels::unpack_cuda(spec, chunks, f.dst, kRows * kCols * 2, f.stream);
+      };
+      if (!graph) {
+        time_calls(state, f, fill);
+        break;
+      }
+      cudaGraph_t captured = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      if (cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+        state.SkipWithError("cudaStreamBeginCapture failed");
+        break;
+      }
+      fill();
+      if (cudaStreamEndCapture(f.stream, &captured) != cudaSuccess ||
+          cudaGraphInstantiate(&exec, captured, 0) != cudaSuccess) {
+        state.SkipWithError("capturing the fill failed");
+        break;
+      }
+      time_calls(state, f, [&] { cudaGraphLaunch(exec, f.stream); });
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(captured);
+      break;
+    }
   }
 }
 
@@ -229,7 +264,7 @@ int main(int argc, char** argv) {
   auto* b = benchmark::RegisterBenchmark("BM_CudaMaterializeRelease", gtp::bench::remat::BM_CudaMaterializeRelease);
   gtp::bench::remat::overhead_args(b);
   b->ArgNames({"weights", "depth"});
-  benchmark::RegisterBenchmark("BM_Call", gtp::bench::remat::BM_Call)->DenseRange(0, 10)->ArgName("call");
+  benchmark::RegisterBenchmark("BM_Call", gtp::bench::remat::BM_Call)->DenseRange(0, 12)->ArgName("call");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -62,13 +62,20 @@ int Cache::take(std::int64_t bytes, bool on_demand, Stream filler) {
       s.filled = ++fills_;
       return best;
     }
-    if (!on_demand) {
-      ++stats_.budget_waits;
-      return -1;
-    }
+    // Kept slots make room first, the least recently filled one first (a prefetch too: the window's
+    // gathers come before weights kept for a consume that may not follow); then, on demand, prefetches.
     int victim = -1;
     for (int i = 0; i < size(); ++i) {
-      if (slots_[i].state == State::kPrefetched) victim = i;
+      if (slots_[i].state == State::kKept && (victim < 0 || slots_[i].filled < slots_[victim].filled)) victim = i;
+    }
+    if (victim < 0) {
+      if (!on_demand) {
+        ++stats_.budget_waits;
+        return -1;
+      }
+      for (int i = 0; i < size(); ++i) {
+        if (slots_[i].state == State::kPrefetched) victim = i;
+      }
     }
     if (victim < 0) {
       throw std::runtime_error((config_.name.empty() ? std::string() : config_.name + ": ") + "memory budget of " + std::to_string(config_.budget_bytes) + " bytes cannot hold " +
@@ -84,6 +91,14 @@ int Cache::find_prefetched(int chain, std::int64_t position) const {
   for (int i = 0; i < size(); ++i) {
     const Slot& s = slots_[i];
     if (s.state == State::kPrefetched && s.chain == chain && s.position == position) return i;
+  }
+  return -1;
+}
+
+int Cache::find_kept(const ChainKey& key) const {
+  for (int i = 0; i < size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.keep && (s.state == State::kKept || s.state == State::kHeld) && s.key == key) return i;
   }
   return -1;
 }
@@ -104,6 +119,8 @@ void Cache::free_slot(Slot& slot) {
   slot.chain = -1;
   slot.position = -1;
   slot.consumers = 0;
+  slot.keep = false;
+  slot.release_streams.clear();
   if (slot.ready != 0) {  // a fill nobody consumed: the next filler (maybe another stream) waits on it
     slot.releases.push_back(slot.ready);
     slot.ready = 0;
@@ -120,20 +137,38 @@ void Cache::free_slot(Slot& slot) {
 }
 
 void Cache::drop(int index) {
+  ++(slots_[index].state == State::kKept ? stats_.kept_dropped : stats_.dropped_prefetches);
   free_slot(slots_[index]);
-  ++stats_.dropped_prefetches;
 }
 
-void Cache::drop_all_prefetched() {
-  for (Slot& slot : slots_) {
-    if (slot.state == State::kPrefetched) free_slot(slot);
+void Cache::drop_unheld() {
+  for (int i = 0; i < size(); ++i) {
+    if (slots_[i].state == State::kPrefetched || slots_[i].state == State::kKept) drop(i);
+    if (slots_[i].state == State::kHeld) slots_[i].keep = false;  // freed at its last release
   }
 }
 
-void Cache::release(int index, Event event) {
+void Cache::release(int index, Event event, Stream stream) {
   Slot& slot = slots_[index];
-  slot.releases.push_back(event);
-  if (--slot.consumers == 0) free_slot(slot);
+  if (slot.keep) {
+    const auto same = std::find(slot.release_streams.begin(), slot.release_streams.end(), stream);
+    if (same != slot.release_streams.end()) {
+      Event& earlier = slot.releases[static_cast<std::size_t>(same - slot.release_streams.begin())];
+      backend_.forget(earlier);
+      earlier = event;
+    } else {
+      slot.releases.push_back(event);
+      slot.release_streams.push_back(stream);
+    }
+  } else {
+    slot.releases.push_back(event);
+  }
+  if (--slot.consumers > 0) return;
+  if (slot.keep) {
+    slot.state = State::kKept;
+  } else {
+    free_slot(slot);
+  }
 }
 
 }  // namespace gtp::remat

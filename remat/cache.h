@@ -3,7 +3,8 @@
 // A slot is one backend allocation holding one materialize call's weights (gathered chunks, then the
 // unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
 // refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
-// consumer, tagged with its chain and position) or Held (by consumers until each releases it). A freed
+// consumer, tagged with its chain and position), Held (by consumers until each releases it) or Kept
+// (released, but kept gathered for a later materialize of the same weights: GroupConfig::keep_gathered). A freed
 // slot keeps every consumer's release event (and the event of a fill nobody consumed); whoever refills
 // it first makes its filling stream wait on them, so reuse is ordered after every release on the device
 // timeline, never by a host sync, whichever side stream filled it before.
@@ -37,11 +38,12 @@ struct CacheStats {
   std::int64_t budget_waits = 0;        // prefetches deferred by the budget
   std::int64_t evictions = 0;           // prefetched slots dropped to make room for an on-demand fill
   std::int64_t dropped_prefetches = 0;  // prefetched slots dropped unused (mismatch, stale weights)
+  std::int64_t kept_dropped = 0;        // kept slots freed because their weights changed (or a reset)
 };
 
 class Cache {
  public:
-  enum class State { kFree, kPrefetched, kHeld };
+  enum class State { kFree, kPrefetched, kHeld, kKept };
   struct Slot {
     void* ptr = nullptr;
     std::int64_t capacity = 0;
@@ -53,10 +55,13 @@ class Cache {
     int chain = -1;                        // Prefetched: the chain and position it was fetched for
     std::int64_t position = -1;
     int consumers = 0;                     // Held
+    bool keep = false;                     // Kept after its last release, not freed
     Stream filler = nullptr;               // the side stream that fills it (since the latest take)
-    Event ready = 0;                       // filler event after the fill (0: none pending)
+    Event ready = 0;                       // filler event after the fill (0: none pending; a kept
+                                           // slot keeps it for every later consumer to wait on)
     std::vector<Event> releases;           // events the next filler waits on: consumers' releases,
                                            // an unconsumed fill, the poison fill
+    std::vector<Stream> release_streams;   // while `keep`: the stream of each release (one per stream)
   };
 
   Cache(Backend& backend, CacheConfig config) : backend_(backend), config_(config) {}
@@ -75,14 +80,19 @@ class Cache {
   int size() const { return static_cast<int>(slots_.size()); }
   // The prefetched slot for (chain, position), or -1.
   int find_prefetched(int chain, std::int64_t position) const;
-  // Drops a prefetched slot unused (counted).
+  // Drops a prefetched slot unused, or a kept slot (each counted).
   void drop(int index);
-  // A held slot's consumer is done: records its event, frees the slot after the last one.
-  void release(int index, Event event);
+  // A held slot's consumer is done: records its event (`stream`: where it was recorded), frees the slot
+  // after the last one, or keeps it (State::kKept) when slot.keep. A kept slot keeps one release event
+  // per stream, the latest: in stream order it completes after the earlier ones.
+  void release(int index, Event event, Stream stream = nullptr);
   // The oldest held slot with `key`, or -1.
   int find_held(const ChainKey& key) const;
-  // Frees every prefetched slot (reset); held slots stay with their consumers.
-  void drop_all_prefetched();
+  // The slot that keeps `key` gathered (Kept, or Held with slot.keep), or -1.
+  int find_kept(const ChainKey& key) const;
+  // Frees every prefetched and kept slot (reset); held slots stay with their consumers (and are freed
+  // at their last release).
+  void drop_unheld();
 
   const CacheStats& stats() const { return stats_; }
 

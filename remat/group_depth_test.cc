@@ -432,6 +432,92 @@ TEST(PrefetchBatch, EveryGroupKeepsDepthMinusBatchPlusOneAheadAndItsLastWindowWh
   });
 }
 
+// keep_gathered on the dense group (docs/remat.md, "Keep gathered"), ranks as threads over UCX, with
+// freed slots poisoned: each dense key is gathered once per step (the first forward), every later
+// consume of the step (its backward, the second microbatch) is served from the kept slot bit-exact;
+// shard_updated drops the kept slots and gathers the next step's head from the new shards, so with
+// depth >= 1 nothing is exposed after the recording step. The expert group (no keep) is unchanged.
+// Slots settle at the group's keys plus its depth; a budget of two keys evicts kept slots instead of
+// failing; reset_chains frees them.
+class KeepGathered : public ::testing::TestWithParam<int> {};
+
+TEST_P(KeepGathered, EachKeyIsGatheredOncePerStepAndServedFromItsSlotAfter) {
+  const int depth = GetParam();
+  constexpr int kSteps = 4, kMicrobatches = 2, kDenseKeys = 3;
+  on_ranks(2, [&](comm::HostComm& comm) {
+    HostBackend backend({&comm, &comm});
+    RuntimeConfig config = per_group(depth, 0, 1, 0);
+    config.groups[kDense].keep_gathered = true;
+    config.cache.poison_released = true;
+    Runtime runtime(backend, config);
+    GroupedModel model(runtime, comm);
+    std::int64_t warm_allocations = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      const GroupStats before = runtime.group_stats(kDense);
+      const GroupStats experts_before = runtime.group_stats(kExpert);
+      model.update(step);
+      EXPECT_EQ(runtime.group_stats(kDense).kept, 0) << "step " << step << ": shard_updated keeps nothing stale";
+      for (int mb = 0; mb < kMicrobatches; ++mb) model.microbatch();
+      EXPECT_EQ(runtime.group_stats(kDense).kept, kDenseKeys) << "step " << step;
+      runtime.drain(nullptr);
+      const GroupStats after = runtime.group_stats(kDense);
+      const std::int64_t gathered = (after.prefetches - before.prefetches) + (after.exposed_gathers - before.exposed_gathers);
+      EXPECT_EQ(gathered, kDenseKeys) << "step " << step << ": " << runtime.stats_json();
+      EXPECT_EQ(after.kept_hits - before.kept_hits, kDenseConsumes * kMicrobatches - kDenseKeys) << "step " << step;
+      EXPECT_EQ(after.prefetch_hits - before.prefetch_hits, step > 0 && depth > 0 ? kDenseKeys : 0) << "step " << step;
+      const GroupStats experts = runtime.group_stats(kExpert);
+      EXPECT_EQ(experts.kept_hits, 0);
+      EXPECT_EQ(experts.kept, 0);
+      EXPECT_EQ(experts.prefetch_hits - experts_before.prefetch_hits, step > 0 ? kExpertConsumes * kMicrobatches : 0);
+      EXPECT_LE(after.cache.slots, kDenseKeys + depth) << runtime.stats_json();
+      if (step == 1) warm_allocations = backend.memory().allocations;
+      if (step > 1) {
+        EXPECT_EQ(backend.memory().allocations, warm_allocations) << "step " << step;
+      }
+    }
+    EXPECT_EQ(runtime.stats().kept_hits, runtime.group_stats(kDense).kept_hits);
+    EXPECT_EQ(runtime.stats().schedule_mismatches, 0);
+    const nlohmann::json j = nlohmann::json::parse(runtime.stats_json());
+    EXPECT_EQ(j["groups"][kDense]["keep_gathered"], true);
+    EXPECT_EQ(j["groups"][kExpert]["keep_gathered"], false);
+    EXPECT_EQ(j["materialize"]["kept_hits"], runtime.stats().kept_hits);
+    EXPECT_EQ(j["cache"]["kept_dropped"], kDenseKeys * (kSteps - 1)) << "each update after the first drops the step's";
+
+    runtime.reset_chains();
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 0);
+    model.microbatch();  // recorded again, still bit-exact
+    runtime.drain(nullptr);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, KeepGathered, ::testing::Values(0, 1, 2));
+
+TEST(KeepGathered, ABudgetEvictsKeptSlotsAndEveryWeightStaysExact) {
+  on_ranks(2, [&](comm::HostComm& comm) {
+    HostBackend backend({&comm, &comm});
+    std::int64_t largest = 0;
+    {
+      Runtime probe(backend, per_group(1, 0, 1, 0));
+      largest = GroupedModel(probe, comm).largest(kDense);
+    }
+    RuntimeConfig config = per_group(1, 2 * largest, 1, 0);
+    config.groups[kDense].keep_gathered = true;
+    config.cache.poison_released = true;
+    Runtime runtime(backend, config);
+    GroupedModel model(runtime, comm);
+    for (int step = 0; step < 3; ++step) {
+      model.update(step);
+      for (int mb = 0; mb < 2; ++mb) model.microbatch();
+      runtime.drain(nullptr);
+    }
+    const GroupStats s = runtime.group_stats(kDense);
+    EXPECT_GT(s.cache.evictions, 0) << runtime.stats_json();
+    EXPECT_LE(s.cache.slot_bytes, 2 * largest);
+    EXPECT_LE(s.cache.peak_bytes, 2 * largest);
+    EXPECT_GT(s.kept_hits, 0) << runtime.stats_json();
+  });
+}
+
 TEST(PerGroupConfig, BadValuesNameTheGroupTheValueAndTheFix) {
   on_ranks(1, [](comm::HostComm& comm) {
     HostBackend backend({&comm, &comm});

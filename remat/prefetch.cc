@@ -34,6 +34,10 @@ void Runtime::refill(int chain) {
     if (!registered(key)) break;  // a weight unregistered since recording: nothing past it
     const int g = group_of(key);
     if (count_scratch_[g] == groups_[g].depth) continue;
+    if (groups_[g].keep_gathered) {  // kept, or kept once an earlier entry of the window is consumed
+      const auto same = [&](std::int64_t earlier) { return c.at(earlier) == key; };
+      if (kept_current(key) || std::any_of(window_scratch_.begin(), window_scratch_.end(), same)) continue;
+    }
     window_scratch_.push_back(p);
     window_group_scratch_.push_back(g);
     if (++count_scratch_[g] == groups_[g].depth) --open;
@@ -100,17 +104,34 @@ std::vector<std::int64_t> Runtime::boundary() const {
   return out;
 }
 
-// Group g's window is its next depth_g entries of the schedule from the current position. The
-// look-ahead reaches the end of the recorded schedule (one step; the next step's head is prefetched
-// at drain), however many entries of other groups lie between: by_group_ finds them without a scan.
+// Group g's window is its next depth_g entries of the schedule from the current position, past the
+// entries whose keys are kept gathered (keep_gathered: nothing to gather for them). The look-ahead
+// reaches the end of the recorded schedule (one step; the next step's head is prefetched at drain),
+// however many entries of other groups lie between: by_group_ finds them without a scan.
 void Runtime::refill_schedule() {
   const int groups = group_count();
   window_scratch_.clear();
+  window_ends_scratch_.assign(groups, 0);
   for (int g = 0; g < groups; ++g) {
     const std::vector<std::int64_t>& mine = by_group_[g];
-    const auto first = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
-    const auto last = first + std::min<std::ptrdiff_t>(groups_[g].depth, mine.end() - first);
-    window_scratch_.insert(window_scratch_.end(), first, last);
+    auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
+    const std::size_t group_start = window_scratch_.size();
+    for (int taken = 0; next != mine.end() && taken < groups_[g].depth; ++next) {
+      if (groups_[g].keep_gathered) {  // kept, or kept once an earlier entry of the window is consumed
+        const ChainKey* key = schedule_key(*next);
+        const auto same = [&](std::int64_t earlier) {
+          const ChainKey* other = schedule_key(earlier);
+          return other != nullptr && *other == *key;
+        };
+        if (key != nullptr && (kept_current(*key) || std::any_of(window_scratch_.begin() + group_start,
+                                                                 window_scratch_.end(), same))) {
+          continue;
+        }
+      }
+      window_scratch_.push_back(*next);
+      ++taken;
+    }
+    window_ends_scratch_[g] = next == mine.end() ? 1 : 0;
   }
   std::sort(window_scratch_.begin(), window_scratch_.end());  // the earliest consume is gathered first
   const auto in_window = [&](int chain, std::int64_t position) {
@@ -170,7 +191,7 @@ void Runtime::refill_schedule() {
       next_due = next_due || (next != mine.end() && *next == i);
       ++due;
     }
-    const bool window_reaches_end = mine.end() - next <= groups_[g].depth;
+    const bool window_reaches_end = window_ends_scratch_[g] != 0;
     const std::int64_t first = next_due ? std::min(due, batch) : 0;
     std::int64_t issue = window_reaches_end ? due : first + (due - first) / batch * batch;
     Cache& cache = *caches_[g];
@@ -210,6 +231,16 @@ void Runtime::refill_schedule() {
       begin += size;
     }
   }
+}
+
+const ChainKey* Runtime::schedule_key(std::int64_t entry) const {
+  const auto [chain, position] = schedule_[entry];
+  if (position < 0 || chain >= static_cast<int>(chains_.size()) || chains_[chain].recording() ||
+      position >= chains_[chain].length()) {
+    return nullptr;
+  }
+  const ChainKey& key = chains_[chain].at(position);
+  return registered(key) ? &key : nullptr;
 }
 
 void Runtime::follow_schedule(int chain, std::int64_t position, int group) {

@@ -52,7 +52,8 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
   std::vector<GroupConfig> out;
   for (int g = 0; g < group_count; ++g) {
     GroupConfig group =
-        per_group ? config.groups[g] : GroupConfig{config.depth, config.cache.budget_bytes, {}, config.prefetch_batch};
+        per_group ? config.groups[g]
+                  : GroupConfig{config.depth, config.cache.budget_bytes, {}, config.prefetch_batch, config.keep_gathered};
     if (group.name.empty()) group.name = "group " + std::to_string(g);
     const std::string who = per_group ? group.name + " (RuntimeConfig::groups[" + std::to_string(g) + "])"
                                       : std::string("RuntimeConfig (every group)");
@@ -120,6 +121,18 @@ std::vector<std::uint64_t> Runtime::versions(const ChainKey& key) const {
   std::vector<std::uint64_t> out;
   for (WeightId id : key) out.push_back(registry_.get(id).version);
   return out;
+}
+
+bool Runtime::kept_current(const ChainKey& key) const {
+  const int group = group_of(key);
+  if (!groups_[group].keep_gathered) return false;
+  const int index = caches_[group]->find_kept(key);
+  if (index < 0) return false;
+  const std::vector<std::uint64_t>& kept = caches_[group]->slot(index).versions;
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    if (kept[i] != registry_.get(key.weights[i]).version) return false;
+  }
+  return true;
 }
 
 // Slot layout, per weight of the key: the G gathered chunks, then the output region (BF16 weight or
@@ -238,6 +251,13 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
 
 void Runtime::join_capture(Stream stream) {
   if (!backend_.capturing(stream)) return;
+  for (const GroupConfig& group : groups_) {
+    if (group.keep_gathered) {
+      throw std::invalid_argument(group.name + " keeps weights gathered (keep_gathered), which CUDA graph capture "
+                                  "does not support: what a step gathers depends on what earlier steps kept; "
+                                  "turn keep_gathered off for captured steps");
+    }
+  }
   for (int g = 0; g < backend_.group_count(); ++g) {
     for (Role role : {Role::kGather, Role::kReduceScatter}) {
       const Stream side = backend_.side_stream(g, role);
@@ -284,8 +304,18 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
     ++stats_.stale_prefetches;
     index = -1;
   }
+  // A key kept gathered is served from its slot, shared with any consumer still holding it; a
+  // prefetch made for this consume before the key was kept (the recording step) is not needed.
+  const bool kept = kept_current(key);
+  if (kept) {
+    if (index >= 0) cache.drop(index);
+    index = cache.find_kept(key);
+  }
   const bool hit = index >= 0;
-  if (hit) {
+  if (kept) {
+    ++stats_.kept_hits;
+    ++group_stats_[group].kept_hits;
+  } else if (hit) {
     ++stats_.prefetch_hits;
     ++group_stats_[group].prefetch_hits;
   } else {
@@ -297,16 +327,23 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   for (WeightId id : key) {
     WeightStats& w = weight_stats_[id];  // fill() sized it when the key was first gathered
     ++w.materializations;
-    ++(hit ? w.prefetch_hits : w.exposed_gathers);
+    if (!kept) ++(hit ? w.prefetch_hits : w.exposed_gathers);
   }
   Cache::Slot& slot = cache.slot(index);
   slot.state = Cache::State::kHeld;
   slot.chain = -1;
   slot.position = -1;
-  slot.consumers = 1;
+  if (kept) {
+    ++slot.consumers;
+  } else {
+    slot.consumers = 1;
+    slot.keep = groups_[group].keep_gathered;
+  }
   backend_.wait(stream, slot.ready);
-  backend_.forget(slot.ready);
-  slot.ready = 0;
+  if (!slot.keep) {  // a kept slot keeps its fill's event for every later consumer to wait on
+    backend_.forget(slot.ready);
+    slot.ready = 0;
+  }
   ++stats_.materializations;
   ++group_stats_[group].materializations;
   active_chain_ = c;
@@ -338,7 +375,7 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
                                 "release exactly the ids passed to materialize, once");
   }
   join_capture(stream);
-  cache.release(index, backend_.record(stream));
+  cache.release(index, backend_.record(stream), stream);
   if (active_chain_ >= 0) refill(active_chain_);
 }
 
@@ -404,11 +441,18 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
   registry_.shard_updated(ids, n, stream);
   if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
+  bool dropped_kept = false;
   for (const std::unique_ptr<Cache>& cache : caches_) {
     for (int i = 0; i < cache->size(); ++i) {
       Cache::Slot& slot = cache->slot(i);
-      if (slot.state != Cache::State::kPrefetched) continue;
       if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
+      if (slot.state == Cache::State::kKept) {
+        cache->drop(i);  // gathered from the old shards: the next materialize gathers again
+        dropped_kept = true;
+        continue;
+      }
+      if (slot.state == Cache::State::kHeld) slot.keep = false;  // freed at its last release
+      if (slot.state != Cache::State::kPrefetched) continue;
       const ChainKey key = slot.key;
       fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
       ++stats_.stale_prefetches;
@@ -418,6 +462,9 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
     head_deferred_ = false;
     refill(active_chain_);
     boundary_ = boundary();
+  } else if (dropped_kept && active_chain_ >= 0) {
+    // The windows skipped keys that were kept (the head, after a drain): gather them now, from the new shards.
+    refill(active_chain_);
   }
 }
 
@@ -439,7 +486,8 @@ void Runtime::unregister_weight(WeightId id) {
   for (const std::unique_ptr<Cache>& cache : caches_) {
     for (int i = 0; i < cache->size(); ++i) {
       const Cache::Slot& slot = cache->slot(i);
-      if (slot.state == Cache::State::kPrefetched && std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
+      if ((slot.state == Cache::State::kPrefetched || slot.state == Cache::State::kKept) &&
+          std::find(slot.key.begin(), slot.key.end(), id) != slot.key.end()) {
         cache->drop(i);
       }
     }
@@ -464,7 +512,7 @@ void Runtime::reset_chains() {
   schedule_position_ = 0;
   schedule_in_sync_ = false;
   schedule_rerecord_ = false;
-  for (const std::unique_ptr<Cache>& cache : caches_) cache->drop_all_prefetched();
+  for (const std::unique_ptr<Cache>& cache : caches_) cache->drop_unheld();
   active_chain_ = -1;
 }
 
@@ -493,6 +541,7 @@ CacheStats Runtime::cache_stats() const {
     sum.budget_waits += c.budget_waits;
     sum.evictions += c.evictions;
     sum.dropped_prefetches += c.dropped_prefetches;
+    sum.kept_dropped += c.kept_dropped;
   }
   return sum;
 }
@@ -506,7 +555,9 @@ GroupStats Runtime::group_stats(int group) const {
   out.config = groups_[group];
   out.cache = caches_[group]->stats();
   for (int i = 0; i < caches_[group]->size(); ++i) {
-    out.prefetched += caches_[group]->slot(i).state == Cache::State::kPrefetched ? 1 : 0;
+    const Cache::Slot& slot = caches_[group]->slot(i);
+    out.prefetched += slot.state == Cache::State::kPrefetched ? 1 : 0;
+    out.kept += slot.keep && (slot.state == Cache::State::kKept || slot.state == Cache::State::kHeld) ? 1 : 0;
   }
   return out;
 }
@@ -518,18 +569,21 @@ std::string Runtime::stats_json() const {
   const MemoryStats& m = backend_.memory();
   nlohmann::json j;
   j["backend"] = backend_.name();
-  j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits},
+  j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits}, {"kept_hits", s.kept_hits},
                       {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
                       {"prefetch_batches", s.prefetch_batches}, {"stale_prefetches", s.stale_prefetches}};
   j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch},
                  {"schedule_entries", schedule_.size()}, {"schedule_mismatches", s.schedule_mismatches}};
   j["cache"] = {{"slots", c.slots}, {"slot_bytes", c.slot_bytes}, {"budget_waits", c.budget_waits},
-                {"evictions", c.evictions}, {"dropped_prefetches", c.dropped_prefetches}};
+                {"evictions", c.evictions}, {"dropped_prefetches", c.dropped_prefetches},
+                {"kept_dropped", c.kept_dropped}};
   nlohmann::json groups = nlohmann::json::array();
   for (int index = 0; index < group_count(); ++index) {
     const GroupStats group = group_stats(index);
     groups.push_back({{"group", index}, {"name", group.config.name}, {"depth", group.config.depth},
                       {"prefetch_batch", group.config.prefetch_batch},
+                      {"keep_gathered", group.config.keep_gathered}, {"kept", group.kept},
+                      {"kept_hits", group.kept_hits},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
                       {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},

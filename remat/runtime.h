@@ -53,6 +53,12 @@ struct GroupConfig {
   // instead of one of each per key. A prefetch whose consume is next never waits. Trades lead time
   // (each key is gathered depth - batch + 1 to depth consumes ahead) for host and launch overhead.
   int prefetch_batch = 1;
+  // Materialized weights stay gathered after their release, in their slots, until their shards change
+  // (shard_updated), the chains reset, or the budget needs the room; a later materialize of the same
+  // weights in the same layout (the backward after the forward, the next microbatch) is served from
+  // there without a gather. Trades memory (up to every key of the group at once) for gathers, like
+  // FSDP's reshard_after_forward=False. Not under CUDA graph capture.
+  bool keep_gathered = false;
 };
 
 struct RuntimeConfig {
@@ -60,6 +66,7 @@ struct RuntimeConfig {
   // budget of that size, not a share of it).
   int depth = 1;  // 0 (no prefetch, as profiles allow)..kMaxDepth
   int prefetch_batch = 1;  // every group's GroupConfig::prefetch_batch when `groups` is empty
+  bool keep_gathered = false;  // every group's GroupConfig::keep_gathered when `groups` is empty
   CacheConfig cache;
   std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;
@@ -70,6 +77,7 @@ inline constexpr int kMaxDepth = 64;
 struct RuntimeStats {
   std::int64_t materializations = 0;
   std::int64_t prefetch_hits = 0;       // served from a slot gathered ahead
+  std::int64_t kept_hits = 0;           // served from a slot kept gathered (GroupConfig::keep_gathered)
   std::int64_t exposed_gathers = 0;     // gathered on demand (recording, mismatch, budget, first use)
   std::int64_t prefetches = 0;          // gathers issued ahead of their consumer
   std::int64_t prefetch_batches = 0;    // times prefetches went out (prefetches / this: keys per batch)
@@ -84,10 +92,12 @@ struct GroupStats {
   GroupConfig config;  // name filled in
   std::int64_t materializations = 0;
   std::int64_t prefetch_hits = 0;
+  std::int64_t kept_hits = 0;
   std::int64_t exposed_gathers = 0;
   std::int64_t prefetches = 0;
   std::int64_t prefetch_batches = 0;
   std::int64_t prefetched = 0;  // slots prefetched now (at most config.depth)
+  std::int64_t kept = 0;        // slots kept gathered now (Kept, or Held and kept after release)
   CacheStats cache;
 };
 
@@ -160,6 +170,10 @@ class Runtime {
   std::int64_t bytes_for(const ChainKey& key) const;
   Stream fill_stream(const ChainKey& key);
   std::vector<std::uint64_t> versions(const ChainKey& key) const;
+  // True when the key's group keeps weights gathered and a slot holds the key at its current versions.
+  bool kept_current(const ChainKey& key) const;
+  // The key of a schedule entry, or null when its chain was reset or a weight unregistered since.
+  const ChainKey* schedule_key(std::int64_t entry) const;
   // The group whose cache, depth and budget a key uses: its first weight's.
   int group_of(const ChainKey& key) const { return registry_.get(key.front()).desc.group; }
   bool registered(const ChainKey& key) const;
@@ -230,6 +244,7 @@ class Runtime {
   // consume, and one group's takes: reused likewise.
   std::vector<std::int64_t> due_scratch_;
   std::vector<int> group_order_scratch_;
+  std::vector<char> window_ends_scratch_;  // per group: its window reaches the end of its schedule
   std::vector<Fill> fills_scratch_;
   // fill()'s BF16-layout unpacks with their wire specs, the distinct specs, and one spec's jobs:
   // reused, so a steady-state fill allocates nothing.

@@ -301,6 +301,69 @@ TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   cudaFree(main_grad);
 }
 
+// keep_gathered on the CUDA backend: the backward, on a second consumer stream, reads the slot the
+// forward gathered into (waiting on that fill's event, kept for it), bit-exact over steps whose shards
+// change, with freed slots poisoned; one gather per step. Under graph capture the runtime refuses
+// before enqueuing anything, and the capture still ends cleanly.
+TEST(CudaBackend, KeptSlotsServeAnotherStreamAndCaptureIsRefused) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
+  RuntimeConfig config;
+  config.keep_gathered = true;
+  config.cache.poison_released = true;
+  Runtime runtime(backend, config);
+
+  const std::int64_t rows = 48, cols = 64;
+  void* shard = nullptr;
+  ASSERT_EQ(cudaMalloc(&shard, rows * cols * 2), cudaSuccess);
+  cudaStream_t forward = nullptr, backward = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&forward, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&backward, cudaStreamNonBlocking), cudaSuccess);
+  WeightDesc desc;
+  desc.name = "w";
+  desc.shard = shard;
+  desc.rows = rows;
+  desc.cols = cols;
+  const WeightId id = runtime.register_weight(desc);
+  constexpr int kSteps = 4;
+  std::vector<std::uint16_t> host(rows * cols), seen_forward(host.size()), seen_backward(host.size());
+  for (int step = 0; step < kSteps; ++step) {
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::uint16_t>(0x3C00 + (i * 7 + step) % 1024);
+    ASSERT_EQ(cudaMemcpyAsync(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice, forward), cudaSuccess);
+    runtime.shard_updated(&id, 1, forward);
+    const void* first = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, forward)[0];
+    ASSERT_EQ(cudaMemcpyAsync(seen_forward.data(), first, host.size() * 2, cudaMemcpyDeviceToHost, forward), cudaSuccess);
+    runtime.release(&id, 1, forward);
+    const void* second = runtime.materialize(&id, 1, Phase::kBackward, 0, Layout::kBF16, backward)[0];
+    EXPECT_EQ(second, first) << "step " << step << ": the backward reads the forward's slot";
+    ASSERT_EQ(cudaMemcpyAsync(seen_backward.data(), second, host.size() * 2, cudaMemcpyDeviceToHost, backward),
+              cudaSuccess);
+    runtime.release(&id, 1, backward);
+    runtime.drain(forward);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(seen_forward, host) << "step " << step;
+    EXPECT_EQ(seen_backward, host) << "step " << step;
+  }
+  EXPECT_EQ(runtime.stats().kept_hits, kSteps);
+  EXPECT_EQ(runtime.stats().exposed_gathers + runtime.stats().prefetches, kSteps) << runtime.stats_json();
+
+  ASSERT_EQ(cudaStreamBeginCapture(forward, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  try {
+    runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, forward);
+    ADD_FAILURE() << "materialize under capture with keep_gathered was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("keep_gathered"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(forward, &graph), cudaSuccess);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(forward);
+  cudaStreamDestroy(backward);
+  cudaFree(shard);
+}
+
 // Refills every reduced grad buffer with NaN bytes (on its stream, once its rows are dead), so a
 // buffer handed out again holds NaN wherever the runtime does not fill it.
 class PoisoningCudaBackend : public CudaBackend {

@@ -141,7 +141,7 @@ std::string parallel_error_path(const std::string& message) {
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
   r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
-                "prefetch_batch", "memory_budget"});
+                "prefetch_batch", "keep_gathered", "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
   const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
@@ -165,6 +165,7 @@ GroupSettings parse_group(const json& value, const std::string& path) {
                                  std::to_string(std::max(s.prefetch_depth, 1)) +
                                  " (a batch is issued out of the prefetch window)");
   }
+  s.keep_gathered = r.boolean("keep_gathered", false);
   if (r.has("memory_budget")) {
     const json& budget = r.raw("memory_budget");
     if (budget.is_number_integer()) {

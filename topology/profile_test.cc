@@ -202,6 +202,17 @@ TEST(Profile, PrefetchBatchDefaultsToOneAndIsReadPerGroup) {
   EXPECT_EQ(parse_profile(doc, ".").group("gtp_remat").prefetch_batch, 1);
 }
 
+TEST(Profile, KeepGatheredDefaultsToFalseAndMustBeABoolean) {
+  json doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"keep_gathered", true}};
+  const Profile profile = parse_profile(doc, ".");
+  EXPECT_TRUE(profile.group("gtp_remat").keep_gathered);
+  EXPECT_FALSE(profile.group("expt_gtp_remat").keep_gathered);  // not mentioned: the default
+  doc["groups"]["gtp_remat"] = {{"keep_gathered", "yes"}};
+  EXPECT_EQ(error_of(doc), "/groups/gtp_remat/keep_gathered: expected true or false, got string \"yes\": write true or "
+                           "false, unquoted");
+}
+
 TEST(Profile, ClusterForms) {
   json doc = base_profile();
   doc["cluster"]["hosts"] = json::array();

@@ -143,6 +143,7 @@ struct Case {
   int world;  // ranks (threads); G = world
   int depth;
   int microbatches;
+  bool keep = false;  // keep_gathered
 };
 
 class ChainOnHostBackend : public ::testing::TestWithParam<Case> {};
@@ -175,7 +176,7 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     config.callbacks = &callbacks;
     config.backend = GTP_BACKEND_HOST;
     config.accumulate_microbatches = o.microbatches > 1;
-    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr);
+    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr, param.keep);
     std::vector<std::vector<float>> main_grads;
     std::vector<const void*> shards;
     std::vector<float*> main_ptrs;
@@ -217,7 +218,13 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     EXPECT_EQ(stats["materialize"]["calls"].get<int>(), calls);
     EXPECT_EQ(stats["chains"]["mismatches"].get<int>(), 0) << stats["chains"].dump();
     EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), steps * o.layers);  // once per weight per step
-    if (param.depth == 0) {
+    if (param.keep) {
+      // Nothing re-packs between steps, so each weight is gathered once, by the recording step's first
+      // forward, and every later consume reads its kept slot.
+      EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), o.layers) << stats.dump();
+      EXPECT_EQ(stats["materialize"]["prefetches"].get<int>(), 0) << stats.dump();
+      EXPECT_EQ(stats["materialize"]["kept_hits"].get<int>(), calls - o.layers) << stats.dump();
+    } else if (param.depth == 0) {
       EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), 0);
       EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), calls);
     } else {
@@ -243,10 +250,12 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
 
 INSTANTIATE_TEST_SUITE_P(RanksDepthsAndMicrobatches, ChainOnHostBackend,
                          ::testing::Values(Case{1, 0, 1}, Case{1, 1, 1}, Case{1, 2, 1}, Case{1, 1, 2}, Case{1, 2, 3},
-                                           Case{2, 0, 1}, Case{2, 1, 2}),
+                                           Case{2, 0, 1}, Case{2, 1, 2}, Case{1, 1, 2, true}, Case{2, 0, 1, true},
+                                           Case{2, 2, 3, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return "world" + std::to_string(info.param.world) + "_depth" +
-                                  std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches);
+                                  std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches) +
+                                  (info.param.keep ? "_keep" : "");
                          });
 
 TEST(ChainSplit, PairsAreSummedByWhatTheyBracket) {

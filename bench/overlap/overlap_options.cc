@@ -65,12 +65,15 @@ std::string usage() {
   return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup "
          "N]\n"
          "                         [--wires bf16,fp8,mxfp8,nvfp4] [--depths 1,2] [--priorities high,normal]\n"
-         "                         [--bootstrap callbacks|ucx] [--gather-gbps B] [--timeout-ms T] [--json PATH]\n"
+         "                         [--keep-gathered off|on] [--bootstrap callbacks|ucx] [--gather-gbps B]\n"
+         "                         [--timeout-ms T] [--json PATH]\n"
          "A chain of L linear layers (weights [N,K] and [K,N] alternating, activations [M,K]), forward and\n"
          "backward with cuBLAS BF16 GEMMs, with weights materialized by libgtp (C ABI, CUDA backend) against\n"
          "the same chain with resident weights. --m auto (default) picks M so one gather lasts about one GEMM.\n"
          "--microbatches B runs B forward/backward passes per step with wgrads accumulated (one reduce-scatter\n"
          "per weight per step).\n"
+         "--keep-gathered on sets the profile's keep_gathered: each weight is gathered once per step and the\n"
+         "backward (and later microbatches) read it from its kept slot.\n"
          "--bootstrap callbacks runs one rank in this process; ucx reads GTP_RANK/GTP_WORLD_SIZE/GTP_ROOT_ADDR\n"
          "(gtp-launch sets them). Exit codes: 0 done, 1 bad flags, 2 no CUDA device, 3 libgtp/CUDA failure.\n";
 }
@@ -121,6 +124,11 @@ Options parse_options(int argc, const char* const* argv) {
           throw std::invalid_argument("--priorities: '" + p + "' is not a stream priority; use high, normal or low");
         }
       }
+    } else if (flag == "--keep-gathered") {
+      if (value != "on" && value != "off") {
+        throw std::invalid_argument("--keep-gathered '" + value + "' is not on or off");
+      }
+      o.keep_gathered = value == "on";
     } else if (flag == "--bootstrap") {
       if (value == "callbacks") {
         o.bootstrap = Bootstrap::kCallbacks;
@@ -218,7 +226,7 @@ Sizing choose_m(std::int64_t n, std::int64_t k, double gather_s, std::int64_t m_
 }
 
 std::string profile_json(int world_size, const std::string& stream_priority, int prefetch_depth,
-                         kernels::WireFormat wire) {
+                         kernels::WireFormat wire, bool keep_gathered) {
   if (world_size < 1) throw std::invalid_argument("profile_json: world_size " + std::to_string(world_size) + " < 1");
   if (stream_priority != "high" && stream_priority != "normal" && stream_priority != "low") {
     throw std::invalid_argument("profile_json: stream priority '" + stream_priority +
@@ -240,6 +248,7 @@ std::string profile_json(int world_size, const std::string& stream_priority, int
        {{"gtp_remat",
          {{"stream_priority", stream_priority},
           {"prefetch_depth", prefetch_depth},
+          {"keep_gathered", keep_gathered},
           {"wire_format", kernels::to_string(wire)}}}}}};
   return profile.dump();
 }

@@ -26,6 +26,7 @@ struct Options {
                                             kernels::WireFormat::kMXFP8, kernels::WireFormat::kNVFP4};
   std::vector<int> depths = {1, 2};                          // depth 0 (the all-exposed reference) is always added
   std::vector<std::string> priorities = {"high", "normal"};  // profile groups.gtp_remat.stream_priority
+  bool keep_gathered = false;  // profile groups.gtp_remat.keep_gathered: the backward reads the forward's slot
   Bootstrap bootstrap = Bootstrap::kCallbacks;               // kCallbacks: one rank in this process
   double gather_gbps = 0;  // all-gather busbw for auto-sizing when G > 1 (GB/s); 0 = 360, NCCL's ring on H200
   std::int64_t timeout_ms = 120000;
@@ -75,9 +76,9 @@ Sizing choose_m(std::int64_t n, std::int64_t k, double gather_s, std::int64_t m_
                 const std::function<double(std::int64_t)>& rate);
 
 // A profile for `world_size` ranks on one host (TP 1, G = world size) whose gtp_remat group has
-// the given stream priority, prefetch depth and wire format. Throws std::invalid_argument for an
-// unknown priority.
+// the given stream priority, prefetch depth, wire format and keep_gathered. Throws
+// std::invalid_argument for an unknown priority.
 std::string profile_json(int world_size, const std::string& stream_priority, int prefetch_depth,
-                         kernels::WireFormat wire);
+                         kernels::WireFormat wire, bool keep_gathered = false);
 
 }  // namespace gtp::bench::overlap

@@ -39,6 +39,7 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
   EXPECT_EQ(o.depths, (std::vector<int>{1, 2}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"high", "normal"}));
   EXPECT_EQ(o.bootstrap, Bootstrap::kCallbacks);
+  EXPECT_FALSE(o.keep_gathered);
   EXPECT_FALSE(o.help);
 }
 
@@ -63,6 +64,8 @@ TEST(OverlapOptions, ParsesEveryFlag) {
                            "0,3",
                            "--priorities",
                            "low",
+                           "--keep-gathered",
+                           "on",
                            "--bootstrap",
                            "ucx",
                            "--gather-gbps",
@@ -81,6 +84,8 @@ TEST(OverlapOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.wires, (std::vector<kernels::WireFormat>{kernels::WireFormat::kNVFP4, kernels::WireFormat::kBF16}));
   EXPECT_EQ(o.depths, (std::vector<int>{0, 3}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"low"}));
+  EXPECT_TRUE(o.keep_gathered);
+  EXPECT_FALSE(parse({"--keep-gathered", "off"}).keep_gathered);
   EXPECT_EQ(o.bootstrap, Bootstrap::kUcxFromEnv);
   EXPECT_DOUBLE_EQ(o.gather_gbps, 350.5);
   EXPECT_EQ(o.timeout_ms, 5000);
@@ -103,6 +108,7 @@ TEST(OverlapOptions, BadFlagsNameTheValueAndTheFix) {
   EXPECT_NE(parse_error({"--wires", "fp16"}).find("unknown wire format \"fp16\""), std::string::npos);
   EXPECT_NE(parse_error({"--priorities", "highest"}).find("'highest' is not a stream priority"), std::string::npos);
   EXPECT_NE(parse_error({"--bootstrap", "mpi"}).find("--bootstrap 'mpi' is unknown"), std::string::npos);
+  EXPECT_NE(parse_error({"--keep-gathered", "yes"}).find("--keep-gathered 'yes' is not on or off"), std::string::npos);
   EXPECT_NE(parse_error({"--gather-gbps", "-3"}).find("not a positive number"), std::string::npos);
   EXPECT_NE(parse_error({"--iters"}).find("--iters needs a value"), std::string::npos);
   EXPECT_NE(parse_error({"--size", "3"}).find("unknown flag '--size'"), std::string::npos);
@@ -177,7 +183,12 @@ TEST(OverlapProfile, ParsesWithTheGroupsPriorityDepthAndWire) {
     EXPECT_EQ(p.group("gtp_remat").stream_priority, priority);
     EXPECT_EQ(p.group("gtp_remat").prefetch_depth, 2);
     EXPECT_EQ(p.group("gtp_remat").wire_format, topology::WireFormat::kMxfp8);
+    EXPECT_FALSE(p.group("gtp_remat").keep_gathered);
   }
+  EXPECT_TRUE(topology::parse_profile(nlohmann::json::parse(profile_json(2, "high", 1, kernels::WireFormat::kBF16, true)),
+                                      ".")
+                  .group("gtp_remat")
+                  .keep_gathered);
   EXPECT_EQ(topology::parse_profile(nlohmann::json::parse(profile_json(1, "high", 0, kernels::WireFormat::kBF16)), ".")
                 .sizes.gtp_remat,
             1);

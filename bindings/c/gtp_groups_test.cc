@@ -307,6 +307,65 @@ TEST(CAbiGroups, EachGroupTakesItsOwnDepthAndBudgetFromTheProfile) {
   train_two_groups(batched, 1, 1, 1, 0, 0, 1);
 }
 
+// World 2, G = 2, the dense group keeping its weights gathered (profile keep_gathered): each step
+// re-packs both weights, the forward gathers each (on demand in the recording step, then prefetched),
+// and the backward reads them from their kept slots; the expert weight, without keep, prefetches
+// both ways. Every materialized weight is compared with the unsharded one.
+TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot) {
+  constexpr int kSteps = 3;
+  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2},
+                                   {"expert_tensor_parallel_num_weight_shards", 2}};
+  const std::string profile =
+      profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 1}, {"keep_gathered", true}}},
+                                 {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    const int64_t first = rank * 32, valid = std::min<int64_t>(32, kRows - first);
+    std::vector<std::vector<uint16_t>> shards(3, std::vector<uint16_t>(32 * kCols));
+    gtp_weight_t ws[3];
+    for (int k = 0; k < 3; ++k) {  // weights 0, 1 dense; 2 an expert
+      for (int64_t r = 0; r < valid; ++r)
+        for (int64_t c = 0; c < kCols; ++c) shards[k][r * kCols + c] = element(11, k, first + r, c);
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      const std::string name = "w" + std::to_string(k);
+      desc.name = name.c_str();
+      desc.shard = shards[k].data();
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.group = k < 2 ? GTP_GROUP_GTP_REMAT : GTP_GROUP_EXPERT_GTP_REMAT;
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    auto use = [&](int k, gtp_phase_t phase) {
+      void* ptr = nullptr;
+      size_t count = 0;
+      ASSERT_EQ(gtp_materialize(ctx, &ws[k], 1, phase, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
+          << gtp_last_error(ctx);
+      const auto* full = static_cast<const uint16_t*>(ptr);
+      for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(full[i], element(11, k, i / kCols, i % kCols)) << k << " " << i;
+      ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    };
+    for (int step = 0; step < kSteps; ++step) {
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      for (int k : {0, 2, 1}) use(k, GTP_PHASE_FORWARD);
+      for (int k : {1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
+      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    const nlohmann::json stats = stats_of(ctx);
+    const nlohmann::json& dense = stats.at("groups").at(GTP_GROUP_GTP_REMAT);
+    const nlohmann::json& experts = stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT);
+    EXPECT_TRUE(dense.at("keep_gathered").get<bool>()) << stats;
+    EXPECT_FALSE(experts.at("keep_gathered").get<bool>()) << stats;
+    EXPECT_EQ(dense.at("kept_hits").get<int64_t>(), 2 * kSteps) << stats;  // every backward
+    EXPECT_EQ(dense.at("exposed_gathers").get<int64_t>(), 2) << stats;     // the recording step's forward
+    EXPECT_EQ(dense.at("prefetch_hits").get<int64_t>(), 2 * (kSteps - 1)) << stats;
+    EXPECT_EQ(experts.at("kept_hits").get<int64_t>(), 0) << stats;
+    EXPECT_EQ(experts.at("prefetch_hits").get<int64_t>(), 2 * (kSteps - 1)) << stats;
+    EXPECT_EQ(stats.at("materialize").at("kept_hits").get<int64_t>(), 2 * kSteps) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, gtp::cabi_test::kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);

@@ -115,6 +115,15 @@ double JsonReader::number(const std::string& key, double fallback, double min) c
   return out;
 }
 
+bool JsonReader::boolean(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  const nlohmann::json& v = value_.at(key);
+  if (!v.is_boolean()) {
+    fail(key, "expected true or false, got " + json_type_name(v) + " " + v.dump() + ": write true or false, unquoted");
+  }
+  return v.get<bool>();
+}
+
 std::string JsonReader::string(const std::string& key, const std::string& fallback) const {
   if (!has(key)) return fallback;
   const nlohmann::json& v = value_.at(key);

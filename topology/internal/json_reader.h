@@ -34,6 +34,7 @@ class JsonReader {
   int64_t integer(const std::string& key, int64_t fallback, int64_t min, int64_t max) const;
   int64_t required_integer(const std::string& key, int64_t min, int64_t max) const;
   double number(const std::string& key, double fallback, double min) const;
+  bool boolean(const std::string& key, bool fallback) const;
   std::string string(const std::string& key, const std::string& fallback) const;
   std::string required_string(const std::string& key) const;
   // A string that must be one of choices.

@@ -64,11 +64,12 @@ gtp_bootstrap_callbacks_t one_rank_callbacks() {
 
 GtpWeights::GtpWeights(gtp_context_config_t config, int world_size, const std::string& stream_priority, int depth,
                        kernels::WireFormat wire, std::vector<LayerShape> shapes, cudaStream_t stream,
-                       bool keep_gathered)
+                       bool keep_gathered, bool repack)
     : profile_(profile_json(world_size, stream_priority, depth, wire, keep_gathered)),
       wire_(wire),
       shapes_(std::move(shapes)),
-      stream_(stream) {
+      stream_(stream),
+      repack_(repack) {
   config.profile_json = profile_.c_str();
   config.profile_path = nullptr;
   config.prefetch_depth = depth;
@@ -149,7 +150,15 @@ void GtpWeights::finalize(int layer, bool last_microbatch) {
         "gtp_finalize");
 }
 
-void GtpWeights::end_step() { check(gtp_drain(ctx_, stream_), "gtp_drain"); }
+void GtpWeights::end_step() {
+  check(gtp_drain_ex(ctx_, repack_ ? GTP_DRAIN_DEFER_HEAD : 0u, stream_), "gtp_drain_ex");
+}
+
+void GtpWeights::between_steps() {
+  if (repack_) {
+    check(gtp_weights_shard_updated(ctx_, weights_.data(), weights_.size(), stream_), "gtp_weights_shard_updated");
+  }
+}
 
 std::string GtpWeights::stats_json() const {
   size_t len = 0;

@@ -30,6 +30,8 @@ class WeightSource {
   virtual GradTarget grad(int layer) = 0;  // FP32 [out, in] the wgrad is written or added into
   virtual void finalize(int layer, bool last_microbatch) = 0;
   virtual void end_step() = 0;
+  // Between two steps, outside their timing: what the optimizer step leaves for the weights to do.
+  virtual void between_steps() {}
 };
 
 // What a step does around the weight calls.
@@ -85,7 +87,7 @@ class GtpWeights : public WeightSource {
   // priority, the depth, the wire and keep_gathered (profile_json). Throws GtpError when a call fails.
   GtpWeights(gtp_context_config_t config, int world_size, const std::string& stream_priority, int depth,
              kernels::WireFormat wire, std::vector<LayerShape> shapes, cudaStream_t stream,
-             bool keep_gathered = false);
+             bool keep_gathered = false, bool repack = false);
   ~GtpWeights() override;
   GtpWeights(const GtpWeights&) = delete;
   GtpWeights& operator=(const GtpWeights&) = delete;
@@ -99,7 +101,10 @@ class GtpWeights : public WeightSource {
   // gtp_grad_buffer_ex without the zero-fill: `overwrite` on the first microbatch of each step.
   GradTarget grad(int layer) override;
   void finalize(int layer, bool last_microbatch) override;
+  // With `repack`: the drain defers the next step's head to the re-pack (GTP_DRAIN_DEFER_HEAD).
   void end_step() override;
+  // With `repack`: gtp_weights_shard_updated over every weight, as after an optimizer step.
+  void between_steps() override;
 
   std::string stats_json() const;
   const std::vector<double>& materialize_host_us() const { return host_us_; }
@@ -111,6 +116,7 @@ class GtpWeights : public WeightSource {
   kernels::WireFormat wire_;
   std::vector<LayerShape> shapes_;
   cudaStream_t stream_;
+  bool repack_;
   gtp_context_t* ctx_ = nullptr;
   gtp_sizes_t sizes_ = GTP_SIZES_INITIALIZER;
   std::vector<gtp_weight_t> weights_;

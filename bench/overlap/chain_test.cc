@@ -143,7 +143,8 @@ struct Case {
   int world;  // ranks (threads); G = world
   int depth;
   int microbatches;
-  bool keep = false;  // keep_gathered
+  bool keep = false;    // keep_gathered
+  bool repack = false;  // re-pack between steps (GtpWeights::between_steps), as after an optimizer step
 };
 
 class ChainOnHostBackend : public ::testing::TestWithParam<Case> {};
@@ -176,7 +177,8 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     config.callbacks = &callbacks;
     config.backend = GTP_BACKEND_HOST;
     config.accumulate_microbatches = o.microbatches > 1;
-    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr, param.keep);
+    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr, param.keep,
+                   param.repack);
     std::vector<std::vector<float>> main_grads;
     std::vector<const void*> shards;
     std::vector<float*> main_ptrs;
@@ -194,7 +196,10 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     gtp.register_and_pack(shards, main_ptrs);
 
     HostOps ops(o, m, weights);
-    for (int step = 0; step < steps; ++step) run_step(o.layers, o.microbatches, gtp, ops);
+    for (int step = 0; step < steps; ++step) {
+      if (step > 0) gtp.between_steps();
+      run_step(o.layers, o.microbatches, gtp, ops);
+    }
 
     EXPECT_EQ(ops.wrong_weights, 0) << "rank " << rank;
     // Written once per weight per step (the first microbatch; later ones add). The runtime's pool hands
@@ -218,12 +223,22 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     EXPECT_EQ(stats["materialize"]["calls"].get<int>(), calls);
     EXPECT_EQ(stats["chains"]["mismatches"].get<int>(), 0) << stats["chains"].dump();
     EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), steps * o.layers);  // once per weight per step
-    if (param.keep) {
+    if (param.keep && !param.repack) {
       // Nothing re-packs between steps, so each weight is gathered once, by the recording step's first
       // forward, and every later consume reads its kept slot.
       EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), o.layers) << stats.dump();
       EXPECT_EQ(stats["materialize"]["prefetches"].get<int>(), 0) << stats.dump();
       EXPECT_EQ(stats["materialize"]["kept_hits"].get<int>(), calls - o.layers) << stats.dump();
+    } else if (param.keep) {
+      // Each step's weights are new: each is gathered once a step (the recording step's on demand,
+      // then prefetched, the head by the re-pack), every other consume reads the kept slot.
+      const int gathers = steps * o.layers;
+      EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), param.depth > 0 ? o.layers : gathers)
+          << stats.dump();
+      EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), param.depth > 0 ? gathers - o.layers : 0)
+          << stats.dump();
+      EXPECT_EQ(stats["materialize"]["kept_hits"].get<int>(), calls - gathers) << stats.dump();
+      EXPECT_EQ(stats["materialize"]["stale_prefetches"].get<int>(), 0) << stats.dump();
     } else if (param.depth == 0) {
       EXPECT_EQ(stats["materialize"]["prefetch_hits"].get<int>(), 0);
       EXPECT_EQ(stats["materialize"]["exposed_gathers"].get<int>(), calls);
@@ -251,11 +266,12 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
 INSTANTIATE_TEST_SUITE_P(RanksDepthsAndMicrobatches, ChainOnHostBackend,
                          ::testing::Values(Case{1, 0, 1}, Case{1, 1, 1}, Case{1, 2, 1}, Case{1, 1, 2}, Case{1, 2, 3},
                                            Case{2, 0, 1}, Case{2, 1, 2}, Case{1, 1, 2, true}, Case{2, 0, 1, true},
-                                           Case{2, 2, 3, true}),
+                                           Case{2, 2, 3, true}, Case{1, 1, 2, true, true}, Case{2, 2, 3, true, true},
+                                           Case{2, 0, 1, true, true}, Case{2, 1, 2, false, true}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return "world" + std::to_string(info.param.world) + "_depth" +
                                   std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches) +
-                                  (info.param.keep ? "_keep" : "");
+                                  (info.param.keep ? "_keep" : "") + (info.param.repack ? "_repack" : "");
                          });
 
 TEST(ChainSplit, PairsAreSummedByWhatTheyBracket) {

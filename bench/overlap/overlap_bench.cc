@@ -242,6 +242,7 @@ StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, Weight
   auto host_timed = std::chrono::steady_clock::now();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     if (it == o.warmup) host_timed = std::chrono::steady_clock::now();
+    if (it > 0) weights.between_steps();  // before the step's first mark: not timed
     ops.start_step(it >= o.warmup ? &ev.events[per_step * static_cast<size_t>(it - o.warmup)] : nullptr);
     run_step(o.layers, o.microbatches, weights, ops);
     least_free = std::min(least_free, free_device_bytes());
@@ -441,6 +442,7 @@ int run(const Options& o, int argc, char** argv) {
                   {"prefetch_depth", depth},
                   {"stream_priority", priority},
                   {"keep_gathered", o.keep_gathered},
+                  {"repack_every_step", o.repack},
                   {"reference", depth == 0}};
         if (!gtp_error.empty()) {
           c["error"] = gtp_error;
@@ -461,7 +463,7 @@ int run(const Options& o, int argc, char** argv) {
           config.accumulate_microbatches = o.microbatches > 1;
           std::vector<LayerShape> shapes;
           for (int i = 0; i < o.layers; ++i) shapes.push_back(layer_shape(o, i));
-          GtpWeights weights(config, world, priority, depth, wire, shapes, stream, o.keep_gathered);
+          GtpWeights weights(config, world, priority, depth, wire, shapes, stream, o.keep_gathered, o.repack);
           // This rank's rows of the (same on every rank) full weights, and FP32 main grads.
           std::vector<const void*> shards;
           std::vector<float*> main_grads;

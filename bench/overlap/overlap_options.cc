@@ -65,7 +65,8 @@ std::string usage() {
   return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup "
          "N]\n"
          "                         [--wires bf16,fp8,mxfp8,nvfp4] [--depths 1,2] [--priorities high,normal]\n"
-         "                         [--keep-gathered off|on] [--bootstrap callbacks|ucx] [--gather-gbps B]\n"
+         "                         [--keep-gathered off|on] [--repack off|on] [--bootstrap callbacks|ucx]\n"
+         "                         [--gather-gbps B]\n"
          "                         [--timeout-ms T] [--json PATH]\n"
          "A chain of L linear layers (weights [N,K] and [K,N] alternating, activations [M,K]), forward and\n"
          "backward with cuBLAS BF16 GEMMs, with weights materialized by libgtp (C ABI, CUDA backend) against\n"
@@ -74,6 +75,8 @@ std::string usage() {
          "per weight per step).\n"
          "--keep-gathered on sets the profile's keep_gathered: each weight is gathered once per step and the\n"
          "backward (and later microbatches) read it from its kept slot.\n"
+         "--repack on re-packs every weight between steps (gtp_weights_shard_updated, outside the step's\n"
+         "timing), as after an optimizer step: each step gathers new weights, kept or not.\n"
          "--bootstrap callbacks runs one rank in this process; ucx reads GTP_RANK/GTP_WORLD_SIZE/GTP_ROOT_ADDR\n"
          "(gtp-launch sets them). Exit codes: 0 done, 1 bad flags, 2 no CUDA device, 3 libgtp/CUDA failure.\n";
 }
@@ -129,6 +132,9 @@ Options parse_options(int argc, const char* const* argv) {
         throw std::invalid_argument("--keep-gathered '" + value + "' is not on or off");
       }
       o.keep_gathered = value == "on";
+    } else if (flag == "--repack") {
+      if (value != "on" && value != "off") throw std::invalid_argument("--repack '" + value + "' is not on or off");
+      o.repack = value == "on";
     } else if (flag == "--bootstrap") {
       if (value == "callbacks") {
         o.bootstrap = Bootstrap::kCallbacks;

@@ -27,6 +27,7 @@ struct Options {
   std::vector<int> depths = {1, 2};                          // depth 0 (the all-exposed reference) is always added
   std::vector<std::string> priorities = {"high", "normal"};  // profile groups.gtp_remat.stream_priority
   bool keep_gathered = false;  // profile groups.gtp_remat.keep_gathered: the backward reads the forward's slot
+  bool repack = false;         // re-pack every weight between steps (untimed), as after an optimizer step
   Bootstrap bootstrap = Bootstrap::kCallbacks;               // kCallbacks: one rank in this process
   double gather_gbps = 0;  // all-gather busbw for auto-sizing when G > 1 (GB/s); 0 = 360, NCCL's ring on H200
   std::int64_t timeout_ms = 120000;

@@ -40,6 +40,7 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"high", "normal"}));
   EXPECT_EQ(o.bootstrap, Bootstrap::kCallbacks);
   EXPECT_FALSE(o.keep_gathered);
+  EXPECT_FALSE(o.repack);
   EXPECT_FALSE(o.help);
 }
 
@@ -66,6 +67,8 @@ TEST(OverlapOptions, ParsesEveryFlag) {
                            "low",
                            "--keep-gathered",
                            "on",
+                           "--repack",
+                           "on",
                            "--bootstrap",
                            "ucx",
                            "--gather-gbps",
@@ -85,6 +88,7 @@ TEST(OverlapOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.depths, (std::vector<int>{0, 3}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"low"}));
   EXPECT_TRUE(o.keep_gathered);
+  EXPECT_TRUE(o.repack);
   EXPECT_FALSE(parse({"--keep-gathered", "off"}).keep_gathered);
   EXPECT_EQ(o.bootstrap, Bootstrap::kUcxFromEnv);
   EXPECT_DOUBLE_EQ(o.gather_gbps, 350.5);
@@ -109,6 +113,7 @@ TEST(OverlapOptions, BadFlagsNameTheValueAndTheFix) {
   EXPECT_NE(parse_error({"--priorities", "highest"}).find("'highest' is not a stream priority"), std::string::npos);
   EXPECT_NE(parse_error({"--bootstrap", "mpi"}).find("--bootstrap 'mpi' is unknown"), std::string::npos);
   EXPECT_NE(parse_error({"--keep-gathered", "yes"}).find("--keep-gathered 'yes' is not on or off"), std::string::npos);
+  EXPECT_NE(parse_error({"--repack", "1"}).find("--repack '1' is not on or off"), std::string::npos);
   EXPECT_NE(parse_error({"--gather-gbps", "-3"}).find("not a positive number"), std::string::npos);
   EXPECT_NE(parse_error({"--iters"}).find("--iters needs a value"), std::string::npos);
   EXPECT_NE(parse_error({"--size", "3"}).find("unknown flag '--size'"), std::string::npos);

@@ -199,5 +199,62 @@ TEST(Ordering, AKeyUnpacksEachWireSpecOfItsWeightsInOneCallAfterItsGathers) {
   EXPECT_EQ(fill_lines(mixed, 7, Layout::kGemm), expected);
 }
 
+// The re-pack after an optimizer step packs first the weights gathered right after it (a stale
+// prefetch of the head, the head deferred to the re-pack, or a head that was kept gathered), and
+// gathers those before packing the rest: the next step's first forward waits for one pack and one
+// gather, not for every pack of the model.
+TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
+  struct Case {
+    const char* name;
+    Runtime::Head head;
+    bool keep;
+  };
+  for (const Case c : {Case{"head prefetched at drain", Runtime::Head::kAtDrain, false},
+                       Case{"head deferred to the re-pack", Runtime::Head::kAfterShardUpdate, false},
+                       Case{"head kept gathered", Runtime::Head::kAtDrain, true}}) {
+    SCOPED_TRACE(c.name);
+    LoggingBackend backend;
+    RuntimeConfig config;
+    config.keep_gathered = c.keep;
+    Runtime runtime(backend, config);
+    std::vector<std::uint16_t> shard(32 * 32);
+    std::vector<WeightId> ids;
+    for (int i = 0; i < 4; ++i) {
+      WeightDesc desc;
+      desc.name = "w" + std::to_string(i);
+      desc.shard = shard.data();
+      desc.rows = 32;
+      desc.cols = 32;
+      ids.push_back(runtime.register_weight(desc));  // BF16: a re-pack is one pack per weight, no amax
+    }
+    const Stream s = consumer_stream(1);
+    for (int step = 0; step < 2; ++step) {
+      runtime.shard_updated(ids.data(), 4, s);
+      for (int i = 0; i < 4; ++i) {
+        runtime.materialize(&ids[i], 1, Phase::kForward, 0, Layout::kBF16, s);
+        runtime.release(&ids[i], 1, s);
+      }
+      for (int i = 3; i >= 0; --i) {
+        runtime.materialize(&ids[i], 1, Phase::kBackward, 0, Layout::kBF16, s);
+        runtime.release(&ids[i], 1, s);
+      }
+      runtime.drain(s, c.head);
+    }
+    const int mark = static_cast<int>(backend.log.size());
+    runtime.shard_updated(ids.data(), 4, s);
+    std::vector<std::string> work;
+    for (const std::string& line : since(backend, mark)) {
+      if (line.rfind("pack", 0) == 0 || line.rfind("all_gather", 0) == 0) work.push_back(line);
+    }
+    EXPECT_EQ(work, (std::vector<std::string>{"pack on ag0", "all_gather on ag0", "pack on ag0", "pack on ag0",
+                                              "pack on ag0"}));
+    // The next step reads the new head from its prefetch.
+    const RuntimeStats before = runtime.stats();
+    runtime.materialize(&ids[0], 1, Phase::kForward, 0, Layout::kBF16, s);
+    EXPECT_EQ(runtime.stats().prefetch_hits, before.prefetch_hits + 1);
+    runtime.release(&ids[0], 1, s);
+  }
+}
+
 }  // namespace
 }  // namespace gtp::remat

@@ -141,7 +141,8 @@ std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) cons
   return out;
 }
 
-void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
+void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream, const std::vector<WeightId>& first,
+                             const std::function<void()>& after_first) {
   const std::vector<WeightId> all = expand(ids, n);
   std::set<int> groups;
   for (WeightId id : all) groups.insert(weights_[id].desc.group);
@@ -183,7 +184,20 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream)
     }
     backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
   }
+  // The pack order: `first` (those updated here), then the rest in the order given.
+  std::vector<WeightId> order;
+  for (WeightId id : first) {
+    if (std::find(all.begin(), all.end(), id) != all.end() && std::find(order.begin(), order.end(), id) == order.end()) {
+      order.push_back(id);
+    }
+  }
+  const std::size_t first_count = order.size();
   for (WeightId id : all) {
+    if (std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
+  }
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    if (i == first_count && after_first) after_first();
+    const WeightId id = order[i];
     Weight& weight = weights_[id];
     kernels::PackArgs args;
     args.shard = weight.desc.shard;
@@ -198,6 +212,7 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream)
     backend_.pack(gather_stream(weight), weight.desc.wire, args);
     ++weight.version;
   }
+  if (first_count == order.size() && after_first) after_first();
 }
 
 }  // namespace gtp::remat

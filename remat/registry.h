@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -84,7 +85,11 @@ class Registry {
   // The shards are read after the work enqueued so far on `stream` (the optimizer's), and after every
   // side stream's work: an in-flight reduce-scatter or a gather of another group still reading a chunk
   // (or the shared amax scratch) is never overtaken.
-  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
+  // The weights in `first` (those of `ids` among them, in that order) are packed before the others,
+  // and `after_first`, when given, runs between: work it enqueues on a gather stream (the next step's
+  // first gathers) goes out behind those packs only, not behind every pack.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream, const std::vector<WeightId>& first = {},
+                     const std::function<void()>& after_first = {});
 
  private:
   Weight& at(WeightId id);

@@ -438,34 +438,61 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
   const Backend::CallScope scope(backend_);
   const ChainKey updated = registry_.expand(ids, n);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  registry_.shard_updated(ids, n, stream);
-  if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
   const std::set<WeightId> changed(updated.begin(), updated.end());
-  bool dropped_kept = false;
+  const auto holds_changed = [&](const Cache::Slot& slot) {
+    return std::any_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; });
+  };
+  // What is gathered right after the re-pack: the prefetched slots holding a re-packed weight (gathered
+  // again in place) and, when the head follows the re-pack (deferred to it, or kept until now), each
+  // group's next depth consumes on the schedule. Their weights are packed first, so those gathers wait
+  // for their own packs only, not for every pack of the step.
+  std::vector<WeightId> first;
+  bool head_follows = head_deferred_;
   for (const std::unique_ptr<Cache>& cache : caches_) {
     for (int i = 0; i < cache->size(); ++i) {
-      Cache::Slot& slot = cache->slot(i);
-      if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
-      if (slot.state == Cache::State::kKept) {
-        cache->drop(i);  // gathered from the old shards: the next materialize gathers again
-        dropped_kept = true;
-        continue;
-      }
-      if (slot.state == Cache::State::kHeld) slot.keep = false;  // freed at its last release
-      if (slot.state != Cache::State::kPrefetched) continue;
-      const ChainKey key = slot.key;
-      fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
-      ++stats_.stale_prefetches;
+      const Cache::Slot& slot = cache->slot(i);
+      if (!holds_changed(slot)) continue;
+      if (slot.state == Cache::State::kPrefetched) first.insert(first.end(), slot.key.begin(), slot.key.end());
+      head_follows = head_follows || slot.state == Cache::State::kKept;
     }
   }
-  if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
-    head_deferred_ = false;
-    refill(active_chain_);
-    boundary_ = boundary();
-  } else if (dropped_kept && active_chain_ >= 0) {
-    // The windows skipped keys that were kept (the head, after a drain): gather them now, from the new shards.
-    refill(active_chain_);
+  if (head_follows && !schedule_recording_ && schedule_in_sync_) {
+    for (int g = 0; g < group_count(); ++g) {
+      const std::vector<std::int64_t>& mine = by_group_[g];
+      auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
+      for (int taken = 0; next != mine.end() && taken < groups_[g].depth; ++next, ++taken) {
+        if (const ChainKey* key = schedule_key(*next)) first.insert(first.end(), key->begin(), key->end());
+      }
+    }
   }
+  registry_.shard_updated(ids, n, stream, first, [&] {
+    bool dropped_kept = false;
+    for (const std::unique_ptr<Cache>& cache : caches_) {
+      for (int i = 0; i < cache->size(); ++i) {
+        Cache::Slot& slot = cache->slot(i);
+        if (!holds_changed(slot)) continue;
+        if (slot.state == Cache::State::kKept) {
+          cache->drop(i);  // gathered from the old shards: the next materialize gathers again
+          dropped_kept = true;
+          continue;
+        }
+        if (slot.state == Cache::State::kHeld) slot.keep = false;  // freed at its last release
+        if (slot.state != Cache::State::kPrefetched) continue;
+        const ChainKey key = slot.key;
+        fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
+        ++stats_.stale_prefetches;
+      }
+    }
+    if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
+      head_deferred_ = false;
+      refill(active_chain_);
+      boundary_ = boundary();
+    } else if (dropped_kept && active_chain_ >= 0) {
+      // The windows skipped keys that were kept (the head, after a drain): gather them now.
+      refill(active_chain_);
+    }
+  });
+  if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
 }
 
 void Runtime::unregister_weight(WeightId id) {

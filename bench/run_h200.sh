@@ -56,4 +56,10 @@ if [ "$what" = overlap ] || [ "$what" = all ]; then
   echo "== gtp-overlap-bench, 4 microbatches a step (wgrads accumulated: one reduce-scatter per weight per step)"
   $bin/gtp-overlap-bench --microbatches 4 --wires bf16,nvfp4 --json "$out/overlap_bench_mb4.json" 2>&1
   echo "gtp-overlap-bench exit: $?"
+  for keep in off on; do
+    echo "== gtp-overlap-bench, 4 microbatches, weights re-packed every step, keep_gathered $keep"
+    $bin/gtp-overlap-bench --microbatches 4 --wires bf16,nvfp4 --depths 2 --priorities high --repack on \
+      --keep-gathered $keep --json "$out/overlap_bench_mb4_repack_keep_$keep.json" 2>&1
+    echo "gtp-overlap-bench exit: $?"
+  done
 fi

@@ -222,6 +222,38 @@ TEST(CAbiGroups, FromGroupTakesTheGroupsBlockShapeAndRounding) {
   }
 }
 
+// Registers one kRows x kCols BF16 weight per entry of `groups` (weight k in groups[k], named
+// "dense<k>" or "expert<k>", element(seed, k, row, col)) from this rank's 32 rows of G = 2.
+void register_weights(gtp_context_t* ctx, int rank, int seed, const std::vector<gtp_group_t>& groups,
+                      std::vector<std::vector<uint16_t>>& shards, std::vector<gtp_weight_t>& ws) {
+  const int64_t first = rank * 32, valid = std::min<int64_t>(32, kRows - first);
+  shards.assign(groups.size(), std::vector<uint16_t>(32 * kCols));
+  ws.assign(groups.size(), gtp_weight_t{});
+  for (size_t k = 0; k < groups.size(); ++k) {
+    for (int64_t r = 0; r < valid; ++r)
+      for (int64_t c = 0; c < kCols; ++c) shards[k][r * kCols + c] = element(seed, static_cast<int>(k), first + r, c);
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    const std::string name = (groups[k] == GTP_GROUP_GTP_REMAT ? "dense" : "expert") + std::to_string(k);
+    desc.name = name.c_str();
+    desc.shard = shards[k].data();
+    desc.rows = kRows;
+    desc.cols = kCols;
+    desc.group = groups[k];
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
+  }
+}
+
+// One consumer of weight k (registered by register_weights with `seed`): every element checked.
+void use_weight(gtp_context_t* ctx, const std::vector<gtp_weight_t>& ws, int seed, int k, gtp_phase_t phase) {
+  void* ptr = nullptr;
+  size_t count = 0;
+  ASSERT_EQ(gtp_materialize(ctx, &ws[k], 1, phase, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
+      << gtp_last_error(ctx);
+  const auto* full = static_cast<const uint16_t*>(ptr);
+  for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(full[i], element(seed, k, i / kCols, i % kCols)) << k << " " << i;
+  ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+}
+
 // World 2, G = EG = 2: two dense and two expert weights, interleaved forward and backward for three
 // steps, each group prefetching at its own profile depth (once refused: the runtime had one depth).
 // Every weight is the same 40 x 32 BF16, so every key fills one 2 x 32-row slot of 4 KiB.
@@ -233,31 +265,13 @@ void train_two_groups(const std::string& profile, int32_t config_depth, int dens
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks, profile, config_depth);
     ASSERT_NE(ctx, nullptr);
-    const int64_t first = rank * 32, valid = std::min<int64_t>(32, kRows - first);
-    std::vector<std::vector<uint16_t>> shards(4, std::vector<uint16_t>(32 * kCols));
-    gtp_weight_t ws[4];
-    for (int k = 0; k < 4; ++k) {  // weights 0, 1 dense; 2, 3 experts
-      for (int64_t r = 0; r < valid; ++r)
-        for (int64_t c = 0; c < kCols; ++c) shards[k][r * kCols + c] = element(7, k, first + r, c);
-      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
-      const std::string name = (k < 2 ? "dense" : "expert") + std::to_string(k);
-      desc.name = name.c_str();
-      desc.shard = shards[k].data();
-      desc.rows = kRows;
-      desc.cols = kCols;
-      desc.group = k < 2 ? GTP_GROUP_GTP_REMAT : GTP_GROUP_EXPERT_GTP_REMAT;
-      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
-    }
-    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 4, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-    auto use = [&](int k, gtp_phase_t phase) {
-      void* ptr = nullptr;
-      size_t count = 0;
-      ASSERT_EQ(gtp_materialize(ctx, &ws[k], 1, phase, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
-          << gtp_last_error(ctx);
-      const auto* full = static_cast<const uint16_t*>(ptr);
-      for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(full[i], element(7, k, i / kCols, i % kCols)) << k << " " << i;
-      ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-    };
+    std::vector<std::vector<uint16_t>> shards;
+    std::vector<gtp_weight_t> ws;  // weights 0, 1 dense; 2, 3 experts
+    ASSERT_NO_FATAL_FAILURE(register_weights(
+        ctx, rank, 7, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT},
+        shards, ws));
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws.data(), 4, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, 7, k, phase)); };
     for (int step = 0; step < kSteps; ++step) {
       for (int k : {0, 2, 1, 3}) use(k, GTP_PHASE_FORWARD);
       for (int k : {3, 1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
@@ -321,32 +335,13 @@ TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot)
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
     ASSERT_NE(ctx, nullptr);
-    const int64_t first = rank * 32, valid = std::min<int64_t>(32, kRows - first);
-    std::vector<std::vector<uint16_t>> shards(3, std::vector<uint16_t>(32 * kCols));
-    gtp_weight_t ws[3];
-    for (int k = 0; k < 3; ++k) {  // weights 0, 1 dense; 2 an expert
-      for (int64_t r = 0; r < valid; ++r)
-        for (int64_t c = 0; c < kCols; ++c) shards[k][r * kCols + c] = element(11, k, first + r, c);
-      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
-      const std::string name = "w" + std::to_string(k);
-      desc.name = name.c_str();
-      desc.shard = shards[k].data();
-      desc.rows = kRows;
-      desc.cols = kCols;
-      desc.group = k < 2 ? GTP_GROUP_GTP_REMAT : GTP_GROUP_EXPERT_GTP_REMAT;
-      ASSERT_EQ(gtp_weight_register(ctx, &desc, &ws[k]), GTP_SUCCESS) << gtp_last_error(ctx);
-    }
-    auto use = [&](int k, gtp_phase_t phase) {
-      void* ptr = nullptr;
-      size_t count = 0;
-      ASSERT_EQ(gtp_materialize(ctx, &ws[k], 1, phase, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
-          << gtp_last_error(ctx);
-      const auto* full = static_cast<const uint16_t*>(ptr);
-      for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(full[i], element(11, k, i / kCols, i % kCols)) << k << " " << i;
-      ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-    };
+    std::vector<std::vector<uint16_t>> shards;
+    std::vector<gtp_weight_t> ws;  // weights 0, 1 dense; 2 an expert
+    ASSERT_NO_FATAL_FAILURE(
+        register_weights(ctx, rank, 11, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}, shards, ws));
+    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, 11, k, phase)); };
     for (int step = 0; step < kSteps; ++step) {
-      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws.data(), 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
       for (int k : {0, 2, 1}) use(k, GTP_PHASE_FORWARD);
       for (int k : {1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
       ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);

@@ -492,6 +492,48 @@ TEST_P(KeepGathered, EachKeyIsGatheredOncePerStepAndServedFromItsSlotAfter) {
 
 INSTANTIATE_TEST_SUITE_P(Depths, KeepGathered, ::testing::Values(0, 1, 2));
 
+// The kept slot's edges, with freed slots poisoned: two consumers holding a key at once share its
+// slot; a re-pack while the key is held frees the slot at its last release instead of keeping it
+// (the next materialize gathers the new weights); unregistering a kept weight drops its slot.
+TEST(KeepGathered, SharedHoldersARepackWhileHeldAndUnregister) {
+  on_ranks(2, [&](comm::HostComm& comm) {
+    HostBackend backend({&comm, &comm});
+    RuntimeConfig config = per_group(1, 0, 1, 0);
+    config.groups[kDense].keep_gathered = true;
+    config.cache.poison_released = true;
+    Runtime runtime(backend, config);
+    GroupedModel model(runtime, comm);
+    model.update(0);
+    const WeightId d0 = model.key_id(0);
+    const auto first = runtime.materialize(&d0, 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+    const auto second = runtime.materialize(&d0, 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+    EXPECT_EQ(second[0], first[0]) << "the second holder shares the kept slot";
+    EXPECT_EQ(runtime.stats().kept_hits, 1);
+    runtime.release(&d0, 1, nullptr);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 1);
+    runtime.release(&d0, 1, nullptr);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 1) << "kept after its last release";
+    EXPECT_THROW(runtime.release(&d0, 1, nullptr), std::invalid_argument) << "a third release: nothing is held";
+
+    runtime.materialize(&d0, 1, Phase::kBackward, 0, Layout::kBF16, nullptr);  // held again
+    EXPECT_EQ(runtime.stats().kept_hits, 2);
+    model.update(1);  // re-packed while held
+    runtime.release(&d0, 1, nullptr);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 0) << "a slot of old weights is not kept";
+    model.use(0, Phase::kForward);  // gathers step 1's weights (the comparison is inside use)
+    EXPECT_EQ(runtime.stats().kept_hits, 2);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 1);
+
+    const WeightId d2 = model.key_id(2);
+    model.use(2, Phase::kForward);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 2);
+    runtime.unregister_weight(d2);
+    EXPECT_EQ(runtime.group_stats(kDense).kept, 1) << "unregister drops the kept slot";
+    model.use(0, Phase::kBackward);  // still served from its kept slot
+    EXPECT_EQ(runtime.stats().kept_hits, 3);
+  });
+}
+
 TEST(KeepGathered, ABudgetEvictsKeptSlotsAndEveryWeightStaysExact) {
   on_ranks(2, [&](comm::HostComm& comm) {
     HostBackend backend({&comm, &comm});

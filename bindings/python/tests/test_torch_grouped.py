@@ -129,6 +129,45 @@ def test_the_head_is_gathered_once_per_step_when_the_optimizer_is_attached(tmp_p
         ctx.attach_optimizer(optimizers[0], microbatches=0)
 
 
+def test_keep_gathered_from_the_profile_gathers_each_weight_once_per_optimizer_step(tmp_path):
+    """A profile with keep_gathered on the dense group: each optimizer step (two microbatches, the
+    optimizer attached) gathers each of the three weights once, every other consume reads its kept
+    slot, and every output equals the unsharded model's as the weights change."""
+    import json
+    profile = json.dumps({"schema_version": 1, "cluster": {"template": {"host_count": 1, "host": {
+        "numa_nodes": [{"os_index": 0, "cpuset": "0x1"}], "gpus": [{"index": 0, "numa_node": 0}]}}},
+        "parallel": {"world_size": 1},
+        "groups": {"gtp_remat": {"prefetch_depth": 2, "keep_gathered": True}}})
+    steps, microbatches, layers = 3, 2, 3
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, profile_json=profile) as ctx:
+        torch.manual_seed(7)
+        sharded = torch.nn.Sequential(*[gt.Linear(IN, IN, context=ctx) for _ in range(layers)])
+        torch.manual_seed(7)
+        plain = torch.nn.Sequential(*[gt.Linear(IN, IN) for _ in range(layers)])
+        optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (sharded, plain)]
+        ctx.attach_optimizer(optimizers[0], microbatches=microbatches)
+        for step in range(steps):
+            for micro in range(microbatches):
+                x = torch.randn(4, IN, generator=torch.Generator().manual_seed(10 * step + micro))
+                outputs = [m(x) for m in (sharded, plain)]
+                assert torch.equal(outputs[0], outputs[1]), f"step {step}, microbatch {micro}"
+                for out in outputs:
+                    out.square().sum().backward()
+            for optimizer in optimizers:
+                optimizer.step()
+                optimizer.zero_grad()
+        stats = ctx.stats()
+        counters = stats["materialize"]
+        assert stats["groups"][0]["keep_gathered"] is True
+        assert counters["calls"] == steps * 2 * microbatches * layers, counters
+        # One gather per weight and step: the recording step's on demand, later ones prefetched (the
+        # head by the optimizer hook's re-pack); the other three consumes of each weight read its slot.
+        assert counters["exposed_gathers"] == layers, counters
+        assert counters["prefetch_hits"] == (steps - 1) * layers, counters
+        assert counters["kept_hits"] == steps * (2 * microbatches - 1) * layers, counters
+        assert counters["stale_prefetches"] == 0, counters
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")
 def test_cuda_grouped_linear_and_gemm_views_on_one_gpu(tmp_path):
     with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:

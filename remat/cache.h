@@ -4,7 +4,7 @@
 // unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
 // refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
 // consumer, tagged with its chain and position), Held (by consumers until each releases it) or Kept
-// (released, but kept gathered for a later materialize of the same weights: GroupConfig::keep_gathered). A freed
+// (released, but kept gathered for a later materialize of the same weights: keep_gathered). A freed
 // slot keeps every consumer's release event (and the event of a fill nobody consumed); whoever refills
 // it first makes its filling stream wait on them, so reuse is ordered after every release on the device
 // timeline, never by a host sync, whichever side stream filled it before.
@@ -12,8 +12,9 @@
 // Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
 // grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old
 // buffer, which on CUDA (cudaFree) waits for the device: a warm-up cost, never a steady-state one.
-// The budget caps the bytes of all slots: a prefetch that would exceed it waits (returns no slot,
-// counted); an on-demand fill first evicts prefetched slots. The runtime keeps one Cache per group.
+// The budget caps the bytes of all slots: kept slots make room first (the least recently filled);
+// then a prefetch that would exceed it waits (returns no slot, counted) and an on-demand fill evicts
+// prefetched slots. The runtime keeps one Cache per group.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,7 @@ struct CacheStats {
   std::int64_t slot_bytes = 0;          // sum of slot capacities
   std::int64_t peak_bytes = 0;          // most capacity held by filled slots (Prefetched, Held) at once
   std::int64_t budget_waits = 0;        // prefetches deferred by the budget
-  std::int64_t evictions = 0;           // prefetched slots dropped to make room for an on-demand fill
+  std::int64_t evictions = 0;           // kept or prefetched slots freed to make room within the budget
   std::int64_t dropped_prefetches = 0;  // prefetched slots dropped unused (mismatch, stale weights)
   std::int64_t kept_dropped = 0;        // kept slots freed because their weights changed (or a reset)
 };
@@ -70,9 +71,9 @@ class Cache {
   Cache& operator=(const Cache&) = delete;
 
   // A free slot of at least `bytes`, its generation advanced and `filler` (the side stream that will
-  // write it) ordered after its previous consumers' releases. On demand, prefetched slots are evicted if the budget requires;
-  // when even that is not enough, throws std::runtime_error naming the budget. For a prefetch returns
-  // -1 (and counts a budget wait) instead.
+  // write it) ordered after its previous consumers' releases. Kept slots, then (on demand) prefetched
+  // slots, are evicted if the budget requires; when even that is not enough, throws
+  // std::runtime_error naming the budget. For a prefetch returns -1 (and counts a budget wait) instead.
   int take(std::int64_t bytes, bool on_demand, Stream filler);
 
   Slot& slot(int index) { return slots_[index]; }

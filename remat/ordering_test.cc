@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "remat/internal/logging_backend.h"
+#include "remat/registry.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {
@@ -197,6 +198,38 @@ TEST(Ordering, AKeyUnpacksEachWireSpecOfItsWeightsInOneCallAfterItsGathers) {
   expected.assign(7, "all_gather on ag0");
   expected.insert(expected.end(), 6, "unpack_gemm on ag0");
   EXPECT_EQ(fill_lines(mixed, 7, Layout::kGemm), expected);
+}
+
+// Registry::shard_updated's split: the `first` weights are packed, then the callback runs, then the
+// rest; with none of `first` among the weights, or all of them, the callback runs after every pack.
+TEST(Ordering, TheRegistryRunsTheCallbackAfterTheFirstWeightsPacks) {
+  LoggingBackend backend;
+  Registry registry(backend);
+  std::vector<std::uint16_t> shard(32 * 32);
+  std::vector<WeightId> ids;
+  for (int i = 0; i < 3; ++i) {
+    WeightDesc desc;
+    desc.name = "w" + std::to_string(i);
+    desc.shard = shard.data();
+    desc.rows = 32;
+    desc.cols = 32;
+    ids.push_back(registry.add(desc));
+  }
+  const auto packs_and_callback = [&](const std::vector<WeightId>& first) {
+    const int mark = static_cast<int>(backend.log.size());
+    registry.shard_updated(ids.data(), 3, consumer_stream(1), first, [&] { backend.log.push_back("callback"); });
+    std::vector<std::string> work;
+    for (const std::string& line : since(backend, mark)) {
+      if (line.rfind("pack", 0) == 0 || line == "callback") work.push_back(line);
+    }
+    return work;
+  };
+  const std::string pack = "pack on ag0";
+  EXPECT_EQ(packs_and_callback({ids[2]}), (std::vector<std::string>{pack, "callback", pack, pack}));
+  EXPECT_EQ(packs_and_callback({}), (std::vector<std::string>{pack, pack, pack, "callback"}));
+  EXPECT_EQ(packs_and_callback({99}), (std::vector<std::string>{pack, pack, pack, "callback"})) << "not re-packed here";
+  EXPECT_EQ(packs_and_callback(ids), (std::vector<std::string>{pack, pack, pack, "callback"}));
+  EXPECT_EQ(registry.get(ids[0]).version, 4u);
 }
 
 // The re-pack after an optimizer step packs first the weights gathered right after it (a stale

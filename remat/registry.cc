@@ -195,8 +195,10 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
   for (WeightId id : all) {
     if (std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
   }
+  // after_first runs between the two parts, or after every pack when either part is empty.
+  const bool between = first_count > 0 && first_count < order.size();
   for (std::size_t i = 0; i < order.size(); ++i) {
-    if (i == first_count && after_first) after_first();
+    if (between && i == first_count && after_first) after_first();
     const WeightId id = order[i];
     Weight& weight = weights_[id];
     kernels::PackArgs args;
@@ -212,7 +214,7 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
     backend_.pack(gather_stream(weight), weight.desc.wire, args);
     ++weight.version;
   }
-  if (first_count == order.size() && after_first) after_first();
+  if (!between && after_first) after_first();
 }
 
 }  // namespace gtp::remat

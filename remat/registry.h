@@ -86,8 +86,9 @@ class Registry {
   // side stream's work: an in-flight reduce-scatter or a gather of another group still reading a chunk
   // (or the shared amax scratch) is never overtaken.
   // The weights in `first` (those of `ids` among them, in that order) are packed before the others,
-  // and `after_first`, when given, runs between: work it enqueues on a gather stream (the next step's
-  // first gathers) goes out behind those packs only, not behind every pack.
+  // and `after_first`, when given, runs between (after every pack when none of `first` or all of
+  // `ids` are in it): work it enqueues on a gather stream (the next step's first gathers) goes out
+  // behind those packs only, not behind every pack.
   void shard_updated(const WeightId* ids, std::int64_t n, Stream stream, const std::vector<WeightId>& first = {},
                      const std::function<void()>& after_first = {});
 

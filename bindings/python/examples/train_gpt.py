@@ -4,6 +4,9 @@ BF16, FP8, MXFP8 and NVFP4 wires. N ranks are N processes started here (multipro
 FileStore; no torchrun). CPU: host backend + gloo. GPU: the CUDA backend + NCCL, one GPU per rank.
 Prints a JSON summary: losses per run, parity of GTP-on vs GTP-off. See docs/tutorial.md.
 
+--keep-gathered: GTP on keeps every weight gathered from its first forward until the optimizer's
+re-pack (the profile's keep_gathered), so the backward reads the forward's slot.
+
 --reshard-to M: the first wire's run also writes every rank's state dict (shards with their offsets);
 they are merged with gtp.torch.consolidate_state_dicts and loaded by M new ranks (G = M), GTP on with
 that wire and GTP off, which both train --reshard-steps more steps: each rank's shards must equal the
@@ -108,6 +111,19 @@ def average_gradients(model, world):
                 p.grad.copy_(ordered_mean(gathered))
 
 
+def keep_gathered_profile(world):
+    """A profile for `world` ranks on one host (G = world) whose groups keep their weights gathered
+    from the first forward to the next re-pack (docs/remat.md, Keep gathered)."""
+    return {"schema_version": 1,
+            "cluster": {"template": {"host_count": 1, "host": {
+                "numa_nodes": [{"os_index": 0, "cpuset": "0xff"}],
+                "gpus": [{"index": i, "numa_node": 0} for i in range(world)]}}},
+            "parallel": {"world_size": world, "tensor_parallel_num_weight_shards": world,
+                         "expert_tensor_parallel_num_weight_shards": world},
+            "placement": {"on_violation": "warn"},
+            "groups": {group: {"keep_gathered": True} for group in ("gtp_remat", "expt_gtp_remat")}}
+
+
 def train(rank, world, config, wire, *, load=None, save=None, first_step=0, steps=None):
     """One run: wire None = GTP off. load: a full state dict to start from (any G); save: a path for
     this rank's state dict after the last step. Returns the losses (mean over data ranks) per step,
@@ -115,8 +131,9 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
     device = torch.device(f"cuda:{rank}") if config["backend"] == "cuda" else torch.device("cpu")
     context = None
     if wire is not None:
+        profile = json.dumps(keep_gathered_profile(world)) if config.get("keep_gathered") else None
         context = gt.Context(config["store"], rank, world, backend=config["backend"], device=device,
-                             prefetch_depth=2, timeout_s=120)
+                             prefetch_depth=2, timeout_s=120, profile_json=profile)
     counter = iter(range(1000))
 
     def linear(i, o):
@@ -286,9 +303,12 @@ def main():
     parser.add_argument("--reshard-to", type=int, default=None, metavar="M",
                         help="also resume the first wire's checkpoint at G = M (e.g. ranks / 2), GTP on and off")
     parser.add_argument("--reshard-steps", type=int, default=10, help="steps trained after the re-shard load")
+    parser.add_argument("--keep-gathered", action="store_true",
+                        help="GTP on keeps each weight gathered from its first forward to the next re-pack")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args()
-    overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w]}
+    overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w],
+                 "keep_gathered": args.keep_gathered}
     if args.backend:
         overrides["backend"] = args.backend
     if args.reshard_to is not None and args.reshard_to < 1:

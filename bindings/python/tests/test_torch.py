@@ -184,6 +184,21 @@ def test_tiny_gpt_gtp_on_bf16_is_bit_identical_to_gtp_off():
     assert summary["runs"]["bf16"]["stats"]["grads"]["reduce_scatters"] > 0
 
 
+def test_tiny_gpt_with_weights_kept_gathered_is_still_bit_identical_to_gtp_off():
+    """train_gpt.py --keep-gathered: the BF16 run reads the backward's weights from the forward's kept
+    slots, re-packed after every optimizer step, and its losses still equal GTP off's bit for bit."""
+    import train_gpt
+    config = train_gpt.default_config(steps=3, wires=["bf16"], layers=1, backend="host", keep_gathered=True)
+    summary = train_gpt.summarize(train_gpt.launch(2, config, timeout_s=400), config)
+    run = summary["runs"]["bf16"]
+    assert run["bit_identical_to_off"], summary["runs"]
+    counters = run["stats"]["materialize"]
+    assert counters["kept_hits"] > 0 and counters["stale_prefetches"] == 0, counters
+    # Each weight is consumed twice a step (forward, backward) and gathered once: half the consumes
+    # read a kept slot (without keep_gathered, none).
+    assert 2 * counters["kept_hits"] == counters["calls"], counters
+
+
 def test_gpt_example_checkpoint_resumes_at_half_the_ranks(tmp_path):
     """train_gpt.py --reshard-to: G = 2's BF16 checkpoint, merged, resumed at G = 1 GTP on and off."""
     import train_gpt

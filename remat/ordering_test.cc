@@ -200,6 +200,16 @@ TEST(Ordering, AKeyUnpacksEachWireSpecOfItsWeightsInOneCallAfterItsGathers) {
   EXPECT_EQ(fill_lines(mixed, 7, Layout::kGemm), expected);
 }
 
+// Weight i, 32 x 32 on the BF16 wire (a re-pack is one pack per weight, no amax), reading `shard`.
+WeightDesc bf16_desc(int i, std::vector<std::uint16_t>& shard) {
+  WeightDesc desc;
+  desc.name = "w" + std::to_string(i);
+  desc.shard = shard.data();
+  desc.rows = 32;
+  desc.cols = 32;
+  return desc;
+}
+
 // Registry::shard_updated's split: the `first` weights are packed, then the callback runs, then the
 // rest; with none of `first` among the weights, or all of them, the callback runs after every pack.
 TEST(Ordering, TheRegistryRunsTheCallbackAfterTheFirstWeightsPacks) {
@@ -207,14 +217,7 @@ TEST(Ordering, TheRegistryRunsTheCallbackAfterTheFirstWeightsPacks) {
   Registry registry(backend);
   std::vector<std::uint16_t> shard(32 * 32);
   std::vector<WeightId> ids;
-  for (int i = 0; i < 3; ++i) {
-    WeightDesc desc;
-    desc.name = "w" + std::to_string(i);
-    desc.shard = shard.data();
-    desc.rows = 32;
-    desc.cols = 32;
-    ids.push_back(registry.add(desc));
-  }
+  for (int i = 0; i < 3; ++i) ids.push_back(registry.add(bf16_desc(i, shard)));
   const auto packs_and_callback = [&](const std::vector<WeightId>& first) {
     const int mark = static_cast<int>(backend.log.size());
     registry.shard_updated(ids.data(), 3, consumer_stream(1), first, [&] { backend.log.push_back("callback"); });
@@ -252,14 +255,7 @@ TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
     Runtime runtime(backend, config);
     std::vector<std::uint16_t> shard(32 * 32);
     std::vector<WeightId> ids;
-    for (int i = 0; i < 4; ++i) {
-      WeightDesc desc;
-      desc.name = "w" + std::to_string(i);
-      desc.shard = shard.data();
-      desc.rows = 32;
-      desc.cols = 32;
-      ids.push_back(runtime.register_weight(desc));  // BF16: a re-pack is one pack per weight, no amax
-    }
+    for (int i = 0; i < 4; ++i) ids.push_back(runtime.register_weight(bf16_desc(i, shard)));
     const Stream s = consumer_stream(1);
     for (int step = 0; step < 2; ++step) {
       runtime.shard_updated(ids.data(), 4, s);

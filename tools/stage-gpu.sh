@@ -23,3 +23,8 @@ for lib in libbenchmark.so.1debian libhwloc.so.15 libnuma.so.1 libucm.so.0 libuc
   cp -L "/lib/x86_64-linux-gnu/$lib" .carry/lib/
 done
 echo "stage-gpu: $(ls .carry/bin | wc -l) binaries and $(ls .carry/lib | wc -l) libraries in .carry ($(du -sh .carry | cut -f1))"
+# The device tool carries at most 64 MiB (working tree and .carry together).
+if [ "$(du -sm .carry | cut -f1)" -gt 56 ]; then
+  echo "stage-gpu: .carry is over 56 MiB; remove from .carry/bin the binaries this GPU call does not run" \
+       "(the device tool carries 64 MiB with the working tree)"
+fi

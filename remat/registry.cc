@@ -184,16 +184,24 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
     }
     backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
   }
-  // The pack order: `first` (those updated here), then the rest in the order given.
+  // The pack order: `first` (those updated here), then the rest in the order given, each weight once.
+  // Marks per id keep this linear in the weights: an MoE model re-packs thousands of them per step.
+  enum : char { kNotUpdated, kUpdated, kOrdered };
+  std::vector<char> mark(weights_.size(), kNotUpdated);
+  for (WeightId id : all) mark[static_cast<std::size_t>(id)] = kUpdated;
   std::vector<WeightId> order;
   for (WeightId id : first) {
-    if (std::find(all.begin(), all.end(), id) != all.end() && std::find(order.begin(), order.end(), id) == order.end()) {
+    if (id >= 0 && id < static_cast<WeightId>(mark.size()) && mark[static_cast<std::size_t>(id)] == kUpdated) {
+      mark[static_cast<std::size_t>(id)] = kOrdered;
       order.push_back(id);
     }
   }
   const std::size_t first_count = order.size();
   for (WeightId id : all) {
-    if (std::find(order.begin(), order.end(), id) == order.end()) order.push_back(id);
+    if (mark[static_cast<std::size_t>(id)] == kUpdated) {
+      mark[static_cast<std::size_t>(id)] = kOrdered;
+      order.push_back(id);
+    }
   }
   // after_first runs between the two parts, or after every pack when either part is empty.
   const bool between = first_count > 0 && first_count < order.size();

@@ -200,11 +200,13 @@ TEST(Ordering, AKeyUnpacksEachWireSpecOfItsWeightsInOneCallAfterItsGathers) {
   EXPECT_EQ(fill_lines(mixed, 7, Layout::kGemm), expected);
 }
 
-// Weight i, 32 x 32 on the BF16 wire (a re-pack is one pack per weight, no amax), reading `shard`.
-WeightDesc bf16_desc(int i, std::vector<std::uint16_t>& shard) {
+// Weight i, 32 x 32 FP32 on the BF16 wire (a re-pack is one pack per weight, the cast, and no amax;
+// a BF16 shard would be sent as it is, with nothing to pack), reading `shard`.
+WeightDesc fp32_desc(int i, std::vector<float>& shard) {
   WeightDesc desc;
   desc.name = "w" + std::to_string(i);
   desc.shard = shard.data();
+  desc.dtype = kernels::SourceDtype::kFP32;
   desc.rows = 32;
   desc.cols = 32;
   return desc;
@@ -215,9 +217,9 @@ WeightDesc bf16_desc(int i, std::vector<std::uint16_t>& shard) {
 TEST(Ordering, TheRegistryRunsTheCallbackAfterTheFirstWeightsPacks) {
   LoggingBackend backend;
   Registry registry(backend);
-  std::vector<std::uint16_t> shard(32 * 32);
+  std::vector<float> shard(32 * 32);
   std::vector<WeightId> ids;
-  for (int i = 0; i < 3; ++i) ids.push_back(registry.add(bf16_desc(i, shard)));
+  for (int i = 0; i < 3; ++i) ids.push_back(registry.add(fp32_desc(i, shard)));
   const auto packs_and_callback = [&](const std::vector<WeightId>& first) {
     const int mark = static_cast<int>(backend.log.size());
     registry.shard_updated(ids.data(), 3, consumer_stream(1), first, [&] { backend.log.push_back("callback"); });
@@ -253,9 +255,9 @@ TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
     RuntimeConfig config;
     config.keep_gathered = c.keep;
     Runtime runtime(backend, config);
-    std::vector<std::uint16_t> shard(32 * 32);
+    std::vector<float> shard(32 * 32);
     std::vector<WeightId> ids;
-    for (int i = 0; i < 4; ++i) ids.push_back(runtime.register_weight(bf16_desc(i, shard)));
+    for (int i = 0; i < 4; ++i) ids.push_back(runtime.register_weight(fp32_desc(i, shard)));
     const Stream s = consumer_stream(1);
     for (int step = 0; step < 2; ++step) {
       runtime.shard_updated(ids.data(), 4, s);

@@ -73,6 +73,8 @@ WeightId Registry::add(const WeightDesc& desc) {
   weight.gemm = gemm_placement(desc.wire, weight.geometry, desc.gemm_scales);
   weight.gathers_in_place = desc.wire.format == kernels::WireFormat::kBF16 && weight.layout.data_offset == 0 &&
                             weight.layout.chunk_bytes == weight.geometry.shard_rows * desc.cols * 2;
+  weight.sends_from_shard = weight.gathers_in_place && desc.dtype == kernels::SourceDtype::kBF16 &&
+                            weight.valid_rows == weight.geometry.shard_rows && desc.shard != nullptr;
   weight.output_bytes =
       weight.gathers_in_place
           ? 0
@@ -104,7 +106,7 @@ WeightId Registry::add(const WeightDesc& desc) {
                                   "; register the group's experts with one gemm_scale_layout");
     }
   }
-  weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
+  if (!weight.sends_from_shard) weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
   const WeightId id = static_cast<WeightId>(weights_.size());
   weights_.push_back(std::move(weight));
   live_.push_back(true);
@@ -209,6 +211,8 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
     if (between && i == first_count && after_first) after_first();
     const WeightId id = order[i];
     Weight& weight = weights_[id];
+    ++weight.version;
+    if (weight.sends_from_shard) continue;  // the shard is the wire chunk
     kernels::PackArgs args;
     args.shard = weight.desc.shard;
     args.src_dtype = weight.desc.dtype;
@@ -220,7 +224,6 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
     args.chunk = weight.chunk;
     args.chunk_capacity = weight.layout.chunk_bytes;
     backend_.pack(gather_stream(weight), weight.desc.wire, args);
-    ++weight.version;
   }
   if (!between && after_first) after_first();
 }

@@ -50,13 +50,21 @@ struct Weight {
   // BF16 wire whose gathered chunks are the padded rows back to back: the gathered bytes ARE the
   // weight (its first rows x cols), so the gather writes it in place and nothing unpacks it.
   bool gathers_in_place = false;
+  // Also a BF16 shard of which this rank holds every row (no padding): the shard is sent as it is, so
+  // the weight has no chunk of its own and a re-pack only advances `version`. Gathers then read the
+  // shard itself: the caller writes it only between drain and shard_updated (docs/remat.md).
+  bool sends_from_shard = false;
   // The output region of a slot: the larger of the BF16 weight (rows x cols x 2) and the GEMM layout,
   // rounded to kSectionAlignment, so any slot serves either layout of the weight; 0 when
   // gathers_in_place.
   std::int64_t output_bytes = 0;
-  void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes)
+  void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes); null when
+                                        // sends_from_shard
   std::uint64_t version = 0;            // packs so far; 0: never packed
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
+
+  // What this rank sends when the weight is gathered (layout.chunk_bytes).
+  const void* send() const { return sends_from_shard ? desc.shard : chunk; }
 };
 
 class Registry {

@@ -168,7 +168,7 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
       for (WeightId id : *fills[f].key) {
         const Weight& w = registry_.get(id);
         const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
-        backend_.all_gather(stream, w.desc.group, w.chunk, next, w.layout.chunk_bytes);
+        backend_.all_gather(stream, w.desc.group, w.send(), next, w.layout.chunk_bytes);
         next += gathered + w.output_bytes;
         if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
         weight_stats_[id].gathered_bytes += gathered;

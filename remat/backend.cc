@@ -25,6 +25,18 @@ void Backend::unpack_many(Stream stream, const kernels::WireSpec& spec, const st
   for (const kernels::UnpackJob& job : jobs) unpack(stream, spec, job.in, job.out_bf16, job.out_capacity);
 }
 
+namespace {
+[[noreturn]] void no_graphs(const Backend& backend) {
+  throw std::logic_error("the " + backend.name() + " backend does not record graphs (supports_graphs() is false)");
+}
+}  // namespace
+
+void Backend::begin_graph(Stream) { no_graphs(*this); }
+Backend::Graph Backend::end_graph(Stream) { no_graphs(*this); }
+void Backend::abort_graph(Stream) noexcept {}
+void Backend::launch_graph(Graph, Stream) { no_graphs(*this); }
+void Backend::destroy_graph(Graph) noexcept {}
+
 const char* to_string(Role role) {
   return role == Role::kGather ? "gather" : "reduce_scatter";
 }

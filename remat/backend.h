@@ -95,6 +95,22 @@ class Backend {
   // True while `stream` is being captured into a CUDA graph (never on the host backend). The runtime
   // uses it to fork its side stream into the capture and join it back (docs/remat.md, CUDA graphs).
   virtual bool capturing(Stream /*stream*/) { return false; }
+  // Graphs of work (GroupConfig::fill_graphs): the work calls made for `stream` between begin_graph
+  // and end_graph are recorded into a graph instead of running; launch_graph runs the recorded work on
+  // a stream, as often as wanted, with the pointers and sizes it was recorded with. Ordering calls
+  // (record, wait) stay outside graphs. supports_graphs() false: the others throw std::logic_error.
+  // CUDA: a stream capture (thread-local mode) instantiated into a cudaGraphExec_t. Host: the calls
+  // are kept and made again, in order, at each launch.
+  using Graph = std::uint64_t;
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_graph(Stream stream);
+  virtual Graph end_graph(Stream stream);
+  // Ends a recording that failed part-way, dropping it. Never throws.
+  virtual void abort_graph(Stream stream) noexcept;
+  virtual void launch_graph(Graph graph, Stream stream);
+  // A launched graph may still be running: it is freed once it has finished. Never throws.
+  virtual void destroy_graph(Graph graph) noexcept;
+
   // Orders later work on `waiter` after everything enqueued on `producer` so far.
   void order(Stream waiter, Stream producer);
   // Orders later work on `waiter` after everything enqueued so far on every side stream.

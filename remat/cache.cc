@@ -35,6 +35,7 @@ int Cache::take(std::int64_t bytes, bool on_demand, Stream filler) {
       s.capacity = largest_;
       stats_.slot_bytes += largest_;
       best = i;
+      ++relocations_;
     }
     if (best < 0 && fits_budget(largest_)) {
       Slot s;

@@ -96,6 +96,9 @@ class Cache {
   void drop_unheld();
 
   const CacheStats& stats() const { return stats_; }
+  // Times a slot's buffer moved (grown to a larger call): what was recorded with its old address
+  // (FillGraphs) must not run again.
+  std::uint64_t relocations() const { return relocations_; }
 
  private:
   void free_slot(Slot& slot);
@@ -105,6 +108,7 @@ class Cache {
   std::vector<Slot> slots_;
   std::uint64_t fills_ = 0;
   std::int64_t largest_ = 0;  // the largest take() so far: the size of new and grown slots
+  std::uint64_t relocations_ = 0;
   CacheStats stats_;
 };
 

@@ -107,6 +107,7 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
 CudaBackend::~CudaBackend() {
   for (auto& [id, entry] : live_) events_.release(entry.event);
   for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
+  for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
 }
 
 const std::pair<int, int>& CudaBackend::shape(int group) const {
@@ -296,6 +297,47 @@ void CudaBackend::forget(Event id) {
   if (found == live_.end()) return;
   events_.release(found->second.event);
   live_.erase(found);
+}
+
+void CudaBackend::begin_graph(Stream stream) {
+  const cudaStream_t s = on(stream);
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  // The runtime neither records nor waits on `s` while recording, so the memo needs no update; it is
+  // dropped anyway so that nothing reads a stale "not capturing" for it.
+  capture_memo_.erase(std::remove_if(capture_memo_.begin(), capture_memo_.end(),
+                                     [&](const auto& memo) { return memo.first == s; }),
+                      capture_memo_.end());
+}
+
+Backend::Graph CudaBackend::end_graph(Stream stream) {
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamEndCapture(on(stream), &graph), "cudaStreamEndCapture (fill graph)");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t error = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check(error, "cudaGraphInstantiate (fill graph)");
+  graphs_.emplace(++next_graph_, exec);
+  return next_graph_;
+}
+
+void CudaBackend::abort_graph(Stream stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(on(stream), &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamEndCapture(on(stream), &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
+}
+
+void CudaBackend::launch_graph(Graph graph, Stream stream) {
+  const auto found = graphs_.find(graph);
+  if (found == graphs_.end()) throw std::invalid_argument("graph " + std::to_string(graph) + " is not live");
+  check(cudaGraphLaunch(found->second, on(stream)), "cudaGraphLaunch (fill graph)");
+}
+
+void CudaBackend::destroy_graph(Graph graph) noexcept {
+  const auto found = graphs_.find(graph);
+  if (found == graphs_.end()) return;
+  cudaGraphExecDestroy(found->second);  // freed once a launch still running has finished
+  graphs_.erase(found);
 }
 
 void* CudaBackend::do_allocate(std::int64_t bytes) {

@@ -95,6 +95,16 @@ class CudaBackend : public Backend {
   void forget(Event event) override;
   bool capturing(Stream stream) override;
 
+  // A stream capture in cudaStreamCaptureModeThreadLocal (other threads keep their CUDA calls),
+  // instantiated once; each launch is one cudaGraphLaunch. Captured NCCL collectives follow NCCL's
+  // rule that graph capture is a collective property (docs/remat.md, Fill graphs).
+  bool supports_graphs() const override { return true; }
+  void begin_graph(Stream stream) override;
+  Graph end_graph(Stream stream) override;
+  void abort_graph(Stream stream) noexcept override;
+  void launch_graph(Graph graph, Stream stream) override;
+  void destroy_graph(Graph graph) noexcept override;
+
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
@@ -133,6 +143,8 @@ class CudaBackend : public Backend {
   std::vector<comm::NcclComm*> batch_comms_;  // the communicators of the open batch's collectives
   bool in_call_ = false;
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
+  std::unordered_map<Graph, cudaGraphExec_t> graphs_;  // begin_graph / end_graph recordings
+  Graph next_graph_ = 0;
 };
 
 // dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).

@@ -35,47 +35,87 @@ Stream HostBackend::side_stream(int group, Role role) {
 
 void HostBackend::amax(Stream, const void* shard, kernels::SourceDtype dtype, std::int64_t rows, std::int64_t cols,
                        float* out) {
-  *out = kernels::amax_reference(shard, dtype, rows, cols);
+  run([=] { *out = kernels::amax_reference(shard, dtype, rows, cols); });
 }
 
 void HostBackend::pack(Stream, const kernels::WireSpec& spec, const kernels::PackArgs& args) {
-  kernels::pack_reference(spec, args);
+  run([=] { kernels::pack_reference(spec, args); });
 }
 
 void HostBackend::unpack(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in, void* out_bf16,
                          std::int64_t out_capacity) {
-  kernels::unpack_reference(spec, in, out_bf16, out_capacity);
+  run([=] { kernels::unpack_reference(spec, in, out_bf16, out_capacity); });
 }
 
 void HostBackend::unpack_many(Stream, const kernels::WireSpec& spec, const std::vector<kernels::UnpackJob>& jobs) {
+  if (recording_) {  // the jobs are copied only into a recording
+    run([=] { kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size())); });
+    return;
+  }
   kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size()));
 }
 
 void HostBackend::unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
                               const kernels::GemmOutputs& out) {
-  kernels::unpack_gemm_reference(spec, in, out);
+  run([=] { kernels::unpack_gemm_reference(spec, in, out); });
 }
 
 void HostBackend::all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  comm(group).all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank));
+  comm::HostComm& c = comm(group);
+  run([=, &c] { c.all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank)); });
 }
 
 void HostBackend::all_reduce_max(Stream, int group, float* data, std::int64_t count) {
-  comm(group).all_reduce_max(data, static_cast<std::size_t>(count));
+  comm::HostComm& c = comm(group);
+  run([=, &c] { c.all_reduce_max(data, static_cast<std::size_t>(count)); });
 }
 
 void HostBackend::reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  comm(group).reduce_scatter(send, recv, static_cast<std::size_t>(recv_count), comm::HostDataType::kFloat32,
-                             comm::HostReduceOp::kMean);
+  comm::HostComm& c = comm(group);
+  run([=, &c] {
+    c.reduce_scatter(send, recv, static_cast<std::size_t>(recv_count), comm::HostDataType::kFloat32,
+                     comm::HostReduceOp::kMean);
+  });
 }
 
 void HostBackend::add(Stream, const float* src, float* dst, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; ++i) dst[i] += src[i];
+  run([=] {
+    for (std::int64_t i = 0; i < count; ++i) dst[i] += src[i];
+  });
 }
 
 void HostBackend::fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) {
-  std::memset(dst, byte, static_cast<std::size_t>(bytes));
+  run([=] { std::memset(dst, byte, static_cast<std::size_t>(bytes)); });
 }
+
+void HostBackend::host_callback(Stream, std::function<void()> callback) { run(std::move(callback)); }
+
+void HostBackend::begin_graph(Stream) {
+  if (recording_) throw std::logic_error("HostBackend: graph recordings do not nest");
+  recording_ = true;
+  recorded_.clear();
+}
+
+Backend::Graph HostBackend::end_graph(Stream) {
+  if (!recording_) throw std::logic_error("HostBackend: end_graph without begin_graph");
+  recording_ = false;
+  graphs_[++next_graph_] = std::move(recorded_);
+  recorded_.clear();
+  return next_graph_;
+}
+
+void HostBackend::abort_graph(Stream) noexcept {
+  recording_ = false;
+  recorded_.clear();
+}
+
+void HostBackend::launch_graph(Graph graph, Stream) {
+  const auto found = graphs_.find(graph);
+  if (found == graphs_.end()) throw std::invalid_argument("graph " + std::to_string(graph) + " is not live");
+  for (const std::function<void()>& work : found->second) work();
+}
+
+void HostBackend::destroy_graph(Graph graph) noexcept { graphs_.erase(graph); }
 
 void* HostBackend::do_allocate(std::int64_t bytes) {
   const std::size_t rounded = static_cast<std::size_t>(kernels::round_up(bytes, kernels::kSectionAlignment));

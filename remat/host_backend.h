@@ -2,6 +2,9 @@
 // real multi-rank training steps run without a GPU. Every call completes before it returns.
 #pragma once
 
+#include <functional>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "comm/host.h"
@@ -37,7 +40,7 @@ class HostBackend : public Backend {
   void reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
-  void host_callback(Stream, std::function<void()> callback) override { callback(); }
+  void host_callback(Stream, std::function<void()> callback) override;
 
   // A distinct non-null handle per (group, role), so ordering calls stay distinguishable.
   Stream side_stream(int group, Role role) override;
@@ -45,16 +48,38 @@ class HostBackend : public Backend {
   void wait(Stream, Event) override {}
   void forget(Event) override {}
 
+  // Graphs keep the work calls made between begin_graph and end_graph (any stream: every call runs
+  // at once here) and make them again at each launch, collectives included.
+  bool supports_graphs() const override { return true; }
+  void begin_graph(Stream) override;
+  Graph end_graph(Stream) override;
+  void abort_graph(Stream) noexcept override;
+  void launch_graph(Graph graph, Stream) override;
+  void destroy_graph(Graph graph) noexcept override;
+
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
 
  private:
   comm::HostComm& comm(int group) const;
+  // Runs `work`, or keeps it for the graph being recorded.
+  template <typename Work>
+  void run(Work&& work) {
+    if (recording_) {
+      recorded_.emplace_back(std::forward<Work>(work));
+    } else {
+      work();
+    }
+  }
 
   std::vector<comm::HostComm*> groups_;
   std::vector<char> stream_tags_;  // 2 per group: the addresses are the side-stream handles
   Event events_ = 0;
+  bool recording_ = false;
+  std::vector<std::function<void()>> recorded_;
+  std::map<Graph, std::vector<std::function<void()>>> graphs_;
+  Graph next_graph_ = 0;
 };
 
 }  // namespace gtp::remat

@@ -53,7 +53,8 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
   for (int g = 0; g < group_count; ++g) {
     GroupConfig group =
         per_group ? config.groups[g]
-                  : GroupConfig{config.depth, config.cache.budget_bytes, {}, config.prefetch_batch, config.keep_gathered};
+                  : GroupConfig{config.depth,         config.cache.budget_bytes, {},
+                                config.prefetch_batch, config.keep_gathered,      config.fill_graphs};
     if (group.name.empty()) group.name = "group " + std::to_string(g);
     const std::string who = per_group ? group.name + " (RuntimeConfig::groups[" + std::to_string(g) + "])"
                                       : std::string("RuntimeConfig (every group)");
@@ -66,6 +67,10 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
                                   " is out of range; use 1.." + std::to_string(std::max(group.depth, 1)) +
                                   " (prefetches issued together, at most the prefetch depth " +
                                   std::to_string(group.depth) + ")");
+    }
+    if (group.fill_graphs < 0) {
+      throw std::invalid_argument(who + ": fill_graphs " + std::to_string(group.fill_graphs) +
+                                  " is negative; use 0 (fills run eagerly) or the most fill graphs to keep");
     }
     if (group.budget_bytes < 0) {
       throw std::invalid_argument(who + ": memory budget " + std::to_string(group.budget_bytes) +
@@ -86,7 +91,11 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
     cache.budget_bytes = group.budget_bytes;
     cache.name = group.name;
     caches_.push_back(std::make_unique<Cache>(backend_, cache));
+    // Without backend graphs every fill runs eagerly (the setting is inert, not an error, so one
+    // profile serves every backend).
+    fill_graphs_.push_back(std::make_unique<FillGraphs>(backend_, backend_.supports_graphs() ? group.fill_graphs : 0));
   }
+  graphs_relocations_.resize(groups_.size());
   group_stats_.resize(groups_.size());
   by_group_.resize(groups_.size());
 }
@@ -145,34 +154,69 @@ Stream Runtime::fill_stream(const ChainKey& key) {
 
 void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
   const double start = trace_.enabled() ? trace_.now_us() : 0;
-  const ChainKey& first_key = *fills[0].key;
-  Cache& cache = *caches_[group_of(first_key)];
+  const int group = group_of(*fills[0].key);
+  Cache& cache = *caches_[group];
   const Stream stream = cache.slot(fills[0].index).filler;
   std::vector<Stream>& joined = joined_scratch_;  // reused: no allocation per fill
   joined.assign(1, stream);
+  std::string names;
   for (std::size_t f = 0; f < n; ++f) {
     for (WeightId id : *fills[f].key) {
-      const Stream gather = backend_.side_stream(registry_.get(id).desc.group, Role::kGather);
+      const Weight& w = registry_.get(id);
+      if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
+      weight_stats_[id].gathered_bytes += w.geometry.group_size * w.layout.chunk_bytes;
+      if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+      const Stream gather = backend_.side_stream(w.desc.group, Role::kGather);
       if (std::find(joined.begin(), joined.end(), gather) != joined.end()) continue;
       joined.push_back(gather);
       backend_.order(stream, gather);
     }
   }
+  FillGraphs& graphs = *fill_graphs_[group];
+  if (graphs_relocations_[group] != cache.relocations()) {  // a slot moved: its graphs hold the old address
+    graphs.clear();
+    graphs_relocations_[group] = cache.relocations();
+  }
+  if (!graphs.enabled() || backend_.capturing(stream)) {  // a captured step records the work itself
+    enqueue_fill(fills, n, stream);
+  } else {
+    // Rank-uniform: what the slots and keys are, never where they are (fill_graphs.h).
+    std::vector<std::int64_t>& signature = signature_scratch_;
+    signature.clear();
+    for (std::size_t f = 0; f < n; ++f) {
+      const ChainKey& key = *fills[f].key;
+      signature.push_back(fills[f].index);
+      signature.push_back(static_cast<std::int64_t>(key.layout));
+      signature.push_back(static_cast<std::int64_t>(key.size()));
+      signature.insert(signature.end(), key.begin(), key.end());
+    }
+    const FillGraphs::Ran ran = graphs.run(signature, stream, [&] { enqueue_fill(fills, n, stream); });
+    GroupStats& counters = group_stats_[group];
+    counters.graph_recordings += ran == FillGraphs::Ran::kRecorded ? 1 : 0;
+    counters.graph_fills += ran == FillGraphs::Ran::kEager ? 0 : 1;
+  }
+  for (std::size_t f = 0; f < n; ++f) {
+    Cache::Slot& slot = cache.slot(fills[f].index);
+    slot.key = *fills[f].key;
+    slot.versions = versions(slot.key);
+    if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
+    slot.ready = backend_.record(stream);
+  }
+  if (trace_.enabled()) trace_.add("gather " + names, why, start);
+}
+
+void Runtime::enqueue_fill(const Fill* fills, std::size_t n, Stream stream) {
+  Cache& cache = *caches_[group_of(*fills[0].key)];
   // The keys' all-gathers go out as one batch (one NCCL group on the CUDA backend), then the unpacks:
   // nothing else may sit between them on the stream, because a batch launches at its end.
-  std::string names;
   {
     Backend::CollectiveBatch batch(backend_);
     for (std::size_t f = 0; f < n; ++f) {
       char* next = static_cast<char*>(cache.slot(fills[f].index).ptr);
       for (WeightId id : *fills[f].key) {
         const Weight& w = registry_.get(id);
-        const std::int64_t gathered = w.geometry.group_size * w.layout.chunk_bytes;
         backend_.all_gather(stream, w.desc.group, w.send(), next, w.layout.chunk_bytes);
-        next += gathered + w.output_bytes;
-        if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
-        weight_stats_[id].gathered_bytes += gathered;
-        if (trace_.enabled()) names += (names.empty() ? "" : ",") + w.desc.name;
+        next += w.geometry.group_size * w.layout.chunk_bytes + w.output_bytes;
       }
     }
     batch.launch();
@@ -211,14 +255,6 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
     }
     backend_.unpack_many(stream, spec, unpack_jobs_scratch_);
   }
-  for (std::size_t f = 0; f < n; ++f) {
-    Cache::Slot& slot = cache.slot(fills[f].index);
-    slot.key = *fills[f].key;
-    slot.versions = versions(slot.key);
-    if (slot.ready != 0) backend_.forget(slot.ready);  // a prefetch that was dropped or re-gathered
-    slot.ready = backend_.record(stream);
-  }
-  if (trace_.enabled()) trace_.add("gather " + names, why, start);
 }
 
 std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
@@ -540,6 +576,7 @@ void Runtime::reset_chains() {
   schedule_in_sync_ = false;
   schedule_rerecord_ = false;
   for (const std::unique_ptr<Cache>& cache : caches_) cache->drop_unheld();
+  for (const std::unique_ptr<FillGraphs>& graphs : fill_graphs_) graphs->clear();
   active_chain_ = -1;
 }
 
@@ -581,6 +618,7 @@ GroupStats Runtime::group_stats(int group) const {
   GroupStats out = group_stats_[group];
   out.config = groups_[group];
   out.cache = caches_[group]->stats();
+  out.fill_graphs = fill_graphs_[group]->size();
   for (int i = 0; i < caches_[group]->size(); ++i) {
     const Cache::Slot& slot = caches_[group]->slot(i);
     out.prefetched += slot.state == Cache::State::kPrefetched ? 1 : 0;
@@ -610,6 +648,8 @@ std::string Runtime::stats_json() const {
     groups.push_back({{"group", index}, {"name", group.config.name}, {"depth", group.config.depth},
                       {"prefetch_batch", group.config.prefetch_batch},
                       {"keep_gathered", group.config.keep_gathered}, {"kept", group.kept},
+                      {"fill_graphs_limit", group.config.fill_graphs}, {"fill_graphs", group.fill_graphs},
+                      {"graph_recordings", group.graph_recordings}, {"graph_fills", group.graph_fills},
                       {"kept_hits", group.kept_hits},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},

@@ -15,6 +15,7 @@
 #include "remat/backend.h"
 #include "remat/cache.h"
 #include "remat/chain.h"
+#include "remat/fill_graphs.h"
 #include "remat/grads.h"
 #include "remat/registry.h"
 #include "remat/stats.h"
@@ -59,6 +60,11 @@ struct GroupConfig {
   // there without a gather. Trades memory (up to every key of the group at once) for gathers, like
   // FSDP's reshard_after_forward=False. Not under CUDA graph capture.
   bool keep_gathered = false;
+  // The most fills of this group kept as backend graphs; 0: none. Each distinct fill (the same keys
+  // into the same slots) is recorded once and then launched as one graph: on CUDA one cudaGraphLaunch
+  // instead of an all-gather and unpack launches per fill. Fills past the limit run eagerly. Worth it
+  // where host time per call matters (small weights, one weight per call); docs/remat.md, Fill graphs.
+  std::int64_t fill_graphs = 0;
 };
 
 struct RuntimeConfig {
@@ -67,6 +73,7 @@ struct RuntimeConfig {
   int depth = 1;  // 0 (no prefetch, as profiles allow)..kMaxDepth
   int prefetch_batch = 1;  // every group's GroupConfig::prefetch_batch when `groups` is empty
   bool keep_gathered = false;  // every group's GroupConfig::keep_gathered when `groups` is empty
+  std::int64_t fill_graphs = 0;  // every group's GroupConfig::fill_graphs when `groups` is empty
   CacheConfig cache;
   std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;
@@ -98,6 +105,9 @@ struct GroupStats {
   std::int64_t prefetch_batches = 0;
   std::int64_t prefetched = 0;  // slots prefetched now (at most config.depth)
   std::int64_t kept = 0;        // slots kept gathered now (Kept, or Held and kept after release)
+  std::int64_t fill_graphs = 0;       // graphs held now (at most config.fill_graphs)
+  std::int64_t graph_recordings = 0;  // fills recorded into a new graph
+  std::int64_t graph_fills = 0;       // fills run as a graph launch (recordings included)
   CacheStats cache;
 };
 
@@ -144,7 +154,8 @@ class Runtime {
   // gathered on demand). Not under CUDA graph capture (std::invalid_argument).
   enum class Head { kAtDrain, kAfterShardUpdate };
   void drain(Stream stream, Head head = Head::kAtDrain);
-  // Forgets every chain (in-process model rebuild) and drops prefetched slots.
+  // Forgets every chain (in-process model rebuild), drops prefetched slots and fill graphs. Collective
+  // (the next fills are those of a new recording).
   void reset_chains();
   // True while `stream` is being captured into a CUDA graph, or a capture has joined any side stream
   // (every runtime call under capture forks them in, and drain joins them back before the capture can
@@ -186,6 +197,8 @@ class Runtime {
   // the unpacks (one launch per wire spec for the BF16 layout). All keys fill on one stream: keys of
   // one group. `why` is the trace category.
   void fill_many(const Fill* fills, std::size_t n, const char* why);
+  // fill_many's work on `stream` (the collective batch, then the unpacks), eagerly or into a graph.
+  void enqueue_fill(const Fill* fills, std::size_t n, Stream stream);
   void fill(int slot, const ChainKey& key, const char* why) {
     const Fill one{slot, &key};
     fill_many(&one, 1, why);
@@ -211,6 +224,9 @@ class Runtime {
   std::vector<GroupConfig> groups_;  // per backend group, as applied
   Registry registry_;
   std::vector<std::unique_ptr<Cache>> caches_;  // per group: slots sized for that group's keys
+  std::vector<std::unique_ptr<FillGraphs>> fill_graphs_;  // per group
+  std::vector<std::uint64_t> graphs_relocations_;  // per group: its cache's relocations its graphs saw
+  std::vector<std::int64_t> signature_scratch_;   // a fill's signature, reused
   Grads grads_;
   std::vector<Chain> chains_;       // index = chunk * 3 + phase
   int active_chain_ = -1;           // the chain of the latest materialize, refilled on release

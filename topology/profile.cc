@@ -138,10 +138,14 @@ std::string parallel_error_path(const std::string& message) {
   return "/parallel/" + best;
 }
 
+// Each fill graph holds a few KiB of host memory (and NCCL's per-graph resources); more than this many
+// distinct fills per group would mean a graph per fill of a very long step, for little gain.
+constexpr int64_t kMaxFillGraphs = 1 << 16;
+
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
   r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
-                "prefetch_batch", "keep_gathered", "memory_budget"});
+                "prefetch_batch", "keep_gathered", "fill_graphs", "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
   const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
@@ -166,6 +170,7 @@ GroupSettings parse_group(const json& value, const std::string& path) {
                                  " (a batch is issued out of the prefetch window)");
   }
   s.keep_gathered = r.boolean("keep_gathered", false);
+  s.fill_graphs = r.integer("fill_graphs", 0, 0, kMaxFillGraphs);
   if (r.has("memory_budget")) {
     const json& budget = r.raw("memory_budget");
     if (budget.is_number_integer()) {

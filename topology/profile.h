@@ -35,6 +35,7 @@ struct GroupSettings {
   int prefetch_depth = 1;                   // weights gathered ahead on the chain; 0 disables prefetch
   int prefetch_batch = 1;                   // due prefetches issued together (1..max(prefetch_depth, 1))
   bool keep_gathered = false;               // released weights stay gathered until their shards change
+  int64_t fill_graphs = 0;                  // distinct fills kept as CUDA graphs; 0: fills run eagerly
   int64_t memory_budget_bytes = 0;          // 0: no limit
 };
 

@@ -213,6 +213,18 @@ TEST(Profile, KeepGatheredDefaultsToFalseAndMustBeABoolean) {
                            "false, unquoted");
 }
 
+TEST(Profile, FillGraphsIsACountThatDefaultsToZero) {
+  json doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"fill_graphs", 512}};
+  const Profile profile = parse_profile(doc, ".");
+  EXPECT_EQ(profile.group("gtp_remat").fill_graphs, 512);
+  EXPECT_EQ(profile.group("expt_gtp_remat").fill_graphs, 0);  // not mentioned: the default
+  doc["groups"]["gtp_remat"] = {{"fill_graphs", -1}};
+  EXPECT_EQ(error_of(doc), "/groups/gtp_remat/fill_graphs: value -1 is out of range: use 0..65536");
+  doc["groups"]["gtp_remat"] = {{"fill_graphs", true}};
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/fill_graphs: "), std::string::npos) << error_of(doc);
+}
+
 TEST(Profile, ClusterForms) {
   json doc = base_profile();
   doc["cluster"]["hosts"] = json::array();

@@ -361,6 +361,45 @@ TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot)
   });
 }
 
+// World 2, G = 2, the dense group's fills kept as graphs (profile fill_graphs; the host backend
+// records a fill's calls and makes them again at each launch): every materialized weight is still the
+// unsharded one, and after the recording steps the dense fills are launches of recorded graphs.
+TEST(CAbiGroups, FillGraphsFromTheProfileRecordEachFillOnceAndLaunchItAfterwards) {
+  constexpr int kSteps = 4;
+  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2},
+                                   {"expert_tensor_parallel_num_weight_shards", 2}};
+  const std::string profile = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 1}, {"fill_graphs", 64}}},
+                                                         {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    std::vector<std::vector<uint16_t>> shards;
+    std::vector<gtp_weight_t> ws;  // weights 0, 1 dense; 2 an expert
+    ASSERT_NO_FATAL_FAILURE(
+        register_weights(ctx, rank, 13, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}, shards, ws));
+    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, 13, k, phase)); };
+    int64_t recordings = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws.data(), 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      for (int k : {0, 2, 1}) use(k, GTP_PHASE_FORWARD);
+      for (int k : {1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
+      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      const int64_t now = stats_of(ctx).at("groups").at(GTP_GROUP_GTP_REMAT).at("graph_recordings").get<int64_t>();
+      if (step >= 2) EXPECT_EQ(now, recordings) << "a dense fill recorded again at step " << step;
+      recordings = now;
+    }
+    const nlohmann::json stats = stats_of(ctx);
+    const nlohmann::json& dense = stats.at("groups").at(GTP_GROUP_GTP_REMAT);
+    const nlohmann::json& experts = stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT);
+    EXPECT_EQ(dense.at("fill_graphs_limit").get<int64_t>(), 64) << stats;
+    EXPECT_GT(dense.at("fill_graphs").get<int64_t>(), 0) << stats;
+    EXPECT_GT(dense.at("graph_fills").get<int64_t>(), dense.at("graph_recordings").get<int64_t>()) << stats;
+    EXPECT_EQ(experts.at("fill_graphs_limit").get<int64_t>(), 0) << stats;
+    EXPECT_EQ(experts.at("graph_fills").get<int64_t>(), 0) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbiGroups, BadProfilesNameTheValueAndTheFix) {
   auto group = gtp::comm::ThreadBootstrap::create_group(2, gtp::cabi_test::kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = gtp::cabi_test::callbacks_for(*group[0]);

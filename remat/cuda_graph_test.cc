@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/thread_bootstrap.h"
@@ -109,8 +110,8 @@ std::string first_difference(const StepResult& got, const StepResult& want) {
 // One rank's model on the CUDA backend: device buffers and the runtime.
 class Model {
  public:
-  Model(const CudaGroup& comms, int depth)
-      : backend_(0, {comms}, milliseconds(30000)), runtime_(backend_, config(depth)) {
+  Model(const CudaGroup& comms, int depth, std::int64_t fill_graphs = 0)
+      : backend_(0, {comms}, milliseconds(30000)), runtime_(backend_, config(depth, fill_graphs)) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     const int n = static_cast<int>(layers().size());
     act_.resize(n + 1);
@@ -200,9 +201,10 @@ class Model {
   }
 
  private:
-  RuntimeConfig config(int depth) {
+  RuntimeConfig config(int depth, std::int64_t fill_graphs) {
     RuntimeConfig c;
     c.depth = depth;
+    c.fill_graphs = fill_graphs;
     c.grads.grad_ready = [this](WeightId) { ++grads_ready_; };
     return c;
   }
@@ -230,12 +232,15 @@ class Model {
   std::vector<WeightId> ids_;
 };
 
-class CudaGraph : public ::testing::TestWithParam<int> {};
+// (depth, fill graphs): with fill graphs the eager steps launch each fill as a graph captured on the
+// runtime's side stream, and the caller's captured step fills without them (inside its capture).
+class CudaGraph : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  const int depth = GetParam();
+  const int depth = std::get<0>(GetParam());
+  const std::int64_t fill_graphs = std::get<1>(GetParam()) ? 64 : 0;
   auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
   comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
   comm::NcclComm reduce_scatter = nccl.split({{0}}, {}, milliseconds(30000));
@@ -258,7 +263,7 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   ASSERT_TRUE(nonzero(eager.back().act.back()) && nonzero(eager.back().grad_in.front()));
   for (const auto& g : eager.back().main_grad) ASSERT_TRUE(nonzero(g));
 
-  Model model(comms, depth);
+  Model model(comms, depth, fill_graphs);
   std::vector<void*> warm_addresses;
   for (int step = 0; step < kWarmup; ++step) {
     model.prepare(step);
@@ -316,13 +321,20 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   const StepResult got = model.result();
   EXPECT_TRUE(got == eager[kSteps]) << "the eager step after the replays differs: " << first_difference(got, eager[kSteps]);
   EXPECT_EQ(model.runtime().stats().chain_mismatches, 0) << model.runtime().stats().last_mismatch;
+  if (fill_graphs > 0) {
+    const GroupStats g = model.runtime().group_stats(0);
+    EXPECT_GT(g.graph_fills, g.graph_recordings) << model.runtime().stats_json();  // launched, and again
+  }
 
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
 }
 
-INSTANTIATE_TEST_SUITE_P(Depths, CudaGraph, ::testing::Values(1, 2, 3),
-                         [](const ::testing::TestParamInfo<int>& info) { return "depth" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Depths, CudaGraph, ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return "depth" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_fill_graphs" : "");
+                         });
 
 }  // namespace
 }  // namespace gtp::remat

@@ -2,7 +2,8 @@
 // path: G = 1, tiny weights, 1 / 8 / 64 weights per call, depth 1..4, on the host backend (BF16 wire)
 // and, where a CUDA device is present, on GTP_BACKEND_CUDA (a size-1 NCCL group) with the BF16 wire
 // (gathered in place) and the FP8 wire (gather + unpack kernel), each also with the profile's
-// prefetch_batch of 2 and 4 (prefetches issued together). Reported as us_per_weight (CPU time;
+// prefetch_batch of 2 and 4 (prefetches issued together) and with the profile's fill_graphs (each
+// prefetch fill one cudaGraphLaunch of a fill captured once). Reported as us_per_weight (CPU time;
 // target <= 3 us), with allocations after warm-up (must be 0) and the cache's slot bytes against the
 // (depth + 1) x largest-group bound as counters. BM_CAbiCapturedStep times the same step captured
 // into a CUDA graph and replayed (host time per weight of one cudaGraphLaunch per step).
@@ -53,8 +54,9 @@ void cuda_ok(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
 }
 
-// A one-GPU profile whose dense group prefetches `depth` keys ahead in batches of `batch`.
-std::string batch_profile(int depth, int batch) {
+// A one-GPU profile whose dense group prefetches `depth` keys ahead in batches of `batch`, its fills
+// launched as graphs when `fill_graphs`.
+std::string batch_profile(int depth, int batch, bool fill_graphs) {
   const nlohmann::json doc = {
       {"schema_version", 1},
       {"cluster",
@@ -62,7 +64,8 @@ std::string batch_profile(int depth, int batch) {
          {{"host_count", 1},
           {"host", {{"numa_nodes", {{{"os_index", 0}, {"cpuset", "0x1"}}}}, {"gpus", {{{"index", 0}, {"numa_node", 0}}}}}}}}}},
       {"parallel", {{"world_size", 1}}},
-      {"groups", {{"gtp_remat", {{"prefetch_depth", depth}, {"prefetch_batch", batch}}}}}};
+      {"groups",
+       {{"gtp_remat", {{"prefetch_depth", depth}, {"prefetch_batch", batch}, {"fill_graphs", fill_graphs ? 1024 : 0}}}}}};
   return doc.dump();
 }
 
@@ -70,8 +73,8 @@ std::string batch_profile(int depth, int batch) {
 // the benchmark's step: kCallsPerStep materialize + release calls of `per_call` weights each.
 class CAbiSetup {
  public:
-  // batch 1: the config's depth, no profile.
-  CAbiSetup(int per_call, int depth, gtp_backend_t backend, gtp_wire_t wire, int batch)
+  // batch 1 without fill graphs: the config's depth, no profile.
+  CAbiSetup(int per_call, int depth, gtp_backend_t backend, gtp_wire_t wire, int batch, bool fill_graphs = false)
       : per_call_(per_call), cuda_(backend == GTP_BACKEND_CUDA), out_(per_call) {
     gtp_bootstrap_callbacks_t callbacks;
     std::memset(&callbacks, 0, sizeof callbacks);
@@ -86,8 +89,8 @@ class CAbiSetup {
     config.callbacks = &callbacks;
     config.prefetch_depth = depth;
     config.backend = backend;
-    const std::string profile = batch_profile(depth, batch);
-    if (batch > 1) {
+    const std::string profile = batch_profile(depth, batch, fill_graphs);
+    if (batch > 1 || fill_graphs) {
       config.profile_json = profile.c_str();
       config.prefetch_depth = GTP_FROM_PROFILE;
     }
@@ -170,6 +173,10 @@ void report(benchmark::State& state, gtp_context_t* ctx, const nlohmann::json& w
   state.counters["keys_per_batch"] =
       (end["materialize"]["prefetches"].get<double>() - warm["materialize"]["prefetches"].get<double>()) /
       (end["materialize"]["prefetch_batches"].get<double>() - warm["materialize"]["prefetch_batches"].get<double>());
+  state.counters["graph_fill_fraction"] =  // of the fills (prefetch batches and on-demand gathers)
+      (end["groups"][0]["graph_fills"].get<double>() - warm["groups"][0]["graph_fills"].get<double>()) /
+      (end["materialize"]["prefetch_batches"].get<double>() + end["materialize"]["exposed_gathers"].get<double>() -
+       warm["materialize"]["prefetch_batches"].get<double>() - warm["materialize"]["exposed_gathers"].get<double>());
   state.counters["allocations_after_warmup"] =
       end["memory"]["allocations"].get<double>() - warm["memory"]["allocations"].get<double>();
   state.counters["materialized_bytes"] = end["cache"]["slot_bytes"].get<double>();
@@ -179,12 +186,13 @@ void report(benchmark::State& state, gtp_context_t* ctx, const nlohmann::json& w
 }
 
 // Arguments: weights per call, depth, backend (GTP_BACKEND_HOST / _CUDA), wire (GTP_WIRE_BF16 / _FP8),
-// prefetch batch (1: the config's depth, no profile).
+// prefetch batch, fill graphs (0 / 1; batch 1 without fill graphs: the config's depth, no profile).
 void BM_CAbiMaterializeRelease(benchmark::State& state) {
   const int per_call = static_cast<int>(state.range(0));
   const int depth = static_cast<int>(state.range(1));
   const auto wire = static_cast<gtp_wire_t>(state.range(3));
-  CAbiSetup setup(per_call, depth, static_cast<gtp_backend_t>(state.range(2)), wire, static_cast<int>(state.range(4)));
+  CAbiSetup setup(per_call, depth, static_cast<gtp_backend_t>(state.range(2)), wire, static_cast<int>(state.range(4)),
+                  state.range(5) != 0);
   setup.warm_up();
   const nlohmann::json warm = stats(setup.ctx());
   for (auto _ : state) {
@@ -241,11 +249,12 @@ int main(int argc, char** argv) {
   const auto add = [](const char* name, gtp_backend_t backend, gtp_wire_t wire) {
     auto* b = benchmark::RegisterBenchmark(name, BM_CAbiMaterializeRelease);
     for (int weights : {1, 8, 64})
-      for (int depth = 1; depth <= 4; ++depth) b->Args({weights, depth, backend, wire, 1});
-    for (int weights : {1, 8})
-      for (const auto& [depth, batch] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}})
-        b->Args({weights, depth, backend, wire, batch});
-    b->ArgNames({"weights", "depth", "backend", "wire", "batch"});
+      for (int depth = 1; depth <= 4; ++depth) b->Args({weights, depth, backend, wire, 1, 0});
+    for (int fill_graphs : {0, 1})
+      for (int weights : {1, 8})
+        for (const auto& [depth, batch] : {std::pair{2, 1}, std::pair{2, 2}, std::pair{4, 1}, std::pair{4, 2}, std::pair{4, 4}})
+          if (fill_graphs == 1 || batch > 1) b->Args({weights, depth, backend, wire, batch, fill_graphs});
+    b->ArgNames({"weights", "depth", "backend", "wire", "batch", "fill_graphs"});
   };
   add("BM_CAbiMaterializeRelease/host/bf16", GTP_BACKEND_HOST, GTP_WIRE_BF16);
   std::string why;

@@ -11,5 +11,5 @@ if ! ldconfig -p | grep -q libcublas.so.13 && [ ! -e /usr/local/cuda/lib64/libcu
 print(next((os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, "**", "libcublas.so.13"), recursive=True)), ""))' 2>/dev/null)
   [ -n "$cublas_dir" ] && export LD_LIBRARY_PATH="$cublas_dir:${LD_LIBRARY_PATH:-}"
 fi
-{ ldconfig -p | grep -q libucp.so.0 && ldconfig -p | grep -q libhwloc.so.15; } ||
+{ ldconfig -p | grep -q libucp.so.0 && ldconfig -p | grep -q libhwloc.so.15 && ldconfig -p | grep -q libbenchmark.so.1debian; } ||
   export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$PWD/.carry/lib"

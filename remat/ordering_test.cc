@@ -127,22 +127,28 @@ TEST(Ordering, EachGroupHasItsOwnStreamsAndAKeySpanningGroupsJoinsTheirGatherStr
   const Stream s = consumer_stream(1);
   int mark = static_cast<int>(backend.log.size());
   model.runtime.shard_updated(ids, 2, s);
-  EXPECT_GE(backend.find("pack on ag0", mark), 0);
-  EXPECT_GE(backend.find("pack on ag1", mark), 0);
+  EXPECT_GE(backend.find("amax on ag0", mark), 0);
+  EXPECT_GE(backend.find("amax on ag1", mark), 0);
   EXPECT_GE(backend.find("all_reduce_max on ag1", mark), 0);
   mark = static_cast<int>(backend.log.size());
   model.runtime.materialize(&ids[1], 1, Phase::kForward, 0, Layout::kBF16, s);
-  EXPECT_GE(backend.find("all_gather on ag1", mark), 0);
+  EXPECT_LT(backend.find("pack on ag1", mark), backend.find("all_gather on ag1", mark));
+  EXPECT_GE(backend.find("pack on ag1", mark), 0);
   EXPECT_EQ(backend.find("all_gather on ag0", mark), -1);
+  EXPECT_EQ(backend.find("pack on ag0", mark), -1) << "packed before its first gather";
   model.runtime.release(&ids[1], 1, s);
-  // Both groups in one call: filled on the first weight's gather stream, after ag1 (its pack).
+  // Both groups in one call: filled on the first weight's gather stream, after its own pack and ag1.
   mark = static_cast<int>(backend.log.size());
   model.runtime.materialize(ids, 2, Phase::kForward, 0, Layout::kBF16, s);
+  const int packed = backend.find("pack on ag0", mark);
   const int joined = backend.find("ag0 waits ag1", mark);
   const int gathered = backend.find("all_gather on ag0", mark);
+  ASSERT_GE(packed, 0);
   ASSERT_GE(joined, 0);
   ASSERT_GE(gathered, 0);
+  EXPECT_LT(packed, gathered);
   EXPECT_LT(joined, gathered);
+  EXPECT_EQ(backend.find("pack on ag1", mark), -1) << "packed twice";
   model.runtime.release(ids, 2, s);
   model.runtime.grad_buffer(ids[1], s);
   mark = static_cast<int>(backend.log.size());
@@ -212,36 +218,52 @@ WeightDesc fp32_desc(int i, std::vector<float>& shard) {
   return desc;
 }
 
-// Registry::shard_updated's split: the `first` weights are packed, then the callback runs, then the
-// rest; with none of `first` among the weights, or all of them, the callback runs after every pack.
-TEST(Ordering, TheRegistryRunsTheCallbackAfterTheFirstWeightsPacks) {
-  LoggingBackend backend;
-  Registry registry(backend);
-  std::vector<float> shard(32 * 32);
-  std::vector<WeightId> ids;
-  for (int i = 0; i < 3; ++i) ids.push_back(registry.add(fp32_desc(i, shard)));
-  const auto packs_and_callback = [&](const std::vector<WeightId>& first) {
-    const int mark = static_cast<int>(backend.log.size());
-    registry.shard_updated(ids.data(), 3, consumer_stream(1), first, [&] { backend.log.push_back("callback"); });
-    std::vector<std::string> work;
-    for (const std::string& line : since(backend, mark)) {
-      if (line.rfind("pack", 0) == 0 || line == "callback") work.push_back(line);
-    }
-    return work;
-  };
-  const std::string pack = "pack on ag0";
-  EXPECT_EQ(packs_and_callback({ids[2]}), (std::vector<std::string>{pack, "callback", pack, pack}));
-  EXPECT_EQ(packs_and_callback({}), (std::vector<std::string>{pack, pack, pack, "callback"}));
-  EXPECT_EQ(packs_and_callback({99}), (std::vector<std::string>{pack, pack, pack, "callback"})) << "not re-packed here";
-  EXPECT_EQ(packs_and_callback(ids), (std::vector<std::string>{pack, pack, pack, "callback"}));
-  EXPECT_EQ(registry.get(ids[0]).version, 4u);
+// Lines of the log from `mark` on that are packs or all-gathers (the work whose order matters here).
+std::vector<std::string> packs_and_gathers(const LoggingBackend& backend, int mark) {
+  std::vector<std::string> work;
+  for (const std::string& line : since(backend, mark)) {
+    if (line.rfind("pack", 0) == 0 || line.rfind("all_gather", 0) == 0) work.push_back(line);
+  }
+  return work;
 }
 
-// The re-pack after an optimizer step packs first the weights gathered right after it (a stale
-// prefetch of the head, the head deferred to the re-pack, or a head that was kept gathered), and
-// gathers those before packing the rest: the next step's first forward waits for one pack and one
-// gather, not for every pack of the model.
-TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
+// shard_updated packs nothing: each weight is packed on its gather stream right before its first
+// gather after the update, once; a weight gathered again in the same step is not packed again.
+TEST(Ordering, EachWeightIsPackedRightBeforeItsFirstGatherAfterAnUpdate) {
+  LoggingBackend backend;
+  Runtime runtime(backend, RuntimeConfig{});  // depth 1
+  std::vector<float> shard(32 * 32);
+  std::vector<WeightId> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(runtime.register_weight(fp32_desc(i, shard)));
+  const Stream s = consumer_stream(1);
+  int mark = static_cast<int>(backend.log.size());
+  runtime.shard_updated(ids.data(), 3, s);
+  EXPECT_TRUE(packs_and_gathers(backend, mark).empty());
+  mark = static_cast<int>(backend.log.size());
+  runtime.materialize(&ids[1], 1, Phase::kForward, 0, Layout::kBF16, s);  // recording: on demand
+  runtime.release(&ids[1], 1, s);
+  runtime.materialize(&ids[1], 1, Phase::kBackward, 0, Layout::kBF16, s);
+  runtime.release(&ids[1], 1, s);
+  EXPECT_EQ(packs_and_gathers(backend, mark),
+            (std::vector<std::string>{"pack on ag0", "all_gather on ag0", "all_gather on ag0"}));
+  runtime.drain(s);
+  // Another update before weights 0 and 2 were ever gathered: still one pack each, at their gathers.
+  runtime.shard_updated(ids.data(), 3, s);
+  mark = static_cast<int>(backend.log.size());
+  for (WeightId id : {ids[0], ids[2]}) {
+    runtime.materialize(&id, 1, Phase::kForward, 1, Layout::kBF16, s);
+    runtime.release(&id, 1, s);
+  }
+  EXPECT_EQ(packs_and_gathers(backend, mark), (std::vector<std::string>{"pack on ag0", "all_gather on ag0",
+                                                                       "pack on ag0", "all_gather on ag0"}));
+  EXPECT_EQ(runtime.registry().get(ids[0]).version, 2u);
+}
+
+// The re-pack after an optimizer step gathers right away only what follows it (a stale prefetch of the
+// head, the head deferred to the re-pack, or a head that was kept gathered), each after its own pack;
+// every other weight is packed at its first gather of the step. So the next step's first forward
+// waits for one pack and one gather, and no gather queues behind the packs of the whole model.
+TEST(Ordering, TheRepackGathersTheHeadAfterItsOwnPackOnly) {
   struct Case {
     const char* name;
     Runtime::Head head;
@@ -259,8 +281,7 @@ TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
     std::vector<WeightId> ids;
     for (int i = 0; i < 4; ++i) ids.push_back(runtime.register_weight(fp32_desc(i, shard)));
     const Stream s = consumer_stream(1);
-    for (int step = 0; step < 2; ++step) {
-      runtime.shard_updated(ids.data(), 4, s);
+    const auto step = [&] {
       for (int i = 0; i < 4; ++i) {
         runtime.materialize(&ids[i], 1, Phase::kForward, 0, Layout::kBF16, s);
         runtime.release(&ids[i], 1, s);
@@ -270,20 +291,28 @@ TEST(Ordering, TheRepackPacksTheHeadFirstAndGathersItBeforeTheOtherPacks) {
         runtime.release(&ids[i], 1, s);
       }
       runtime.drain(s, c.head);
+    };
+    for (int i = 0; i < 2; ++i) {
+      runtime.shard_updated(ids.data(), 4, s);
+      step();
     }
-    const int mark = static_cast<int>(backend.log.size());
+    int mark = static_cast<int>(backend.log.size());
     runtime.shard_updated(ids.data(), 4, s);
-    std::vector<std::string> work;
-    for (const std::string& line : since(backend, mark)) {
-      if (line.rfind("pack", 0) == 0 || line.rfind("all_gather", 0) == 0) work.push_back(line);
-    }
-    EXPECT_EQ(work, (std::vector<std::string>{"pack on ag0", "all_gather on ag0", "pack on ag0", "pack on ag0",
-                                              "pack on ag0"}));
-    // The next step reads the new head from its prefetch.
+    EXPECT_EQ(packs_and_gathers(backend, mark), (std::vector<std::string>{"pack on ag0", "all_gather on ag0"}));
+    // The step packs each other weight once, each right before its first gather.
+    mark = static_cast<int>(backend.log.size());
     const RuntimeStats before = runtime.stats();
-    runtime.materialize(&ids[0], 1, Phase::kForward, 0, Layout::kBF16, s);
-    EXPECT_EQ(runtime.stats().prefetch_hits, before.prefetch_hits + 1);
-    runtime.release(&ids[0], 1, s);
+    step();
+    EXPECT_EQ(runtime.stats().prefetch_hits + runtime.stats().kept_hits, before.prefetch_hits + before.kept_hits + 8)
+        << "every consume of the step served without an on-demand gather";
+    const std::vector<std::string> work = packs_and_gathers(backend, mark);
+    EXPECT_EQ(std::count(work.begin(), work.end(), "pack on ag0"), 3);
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      if (work[i] == "pack on ag0") {
+        ASSERT_LT(i + 1, work.size());
+        EXPECT_EQ(work[i + 1], "all_gather on ag0") << "a pack not followed by its gather, at " << i;
+      }
+    }
   }
 }
 

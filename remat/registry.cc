@@ -143,13 +143,21 @@ std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) cons
   return out;
 }
 
-void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream, const std::vector<WeightId>& first,
-                             const std::function<void()>& after_first) {
+void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const std::vector<WeightId> all = expand(ids, n);
+  std::vector<char> updated(weights_.size(), 0);
+  for (WeightId id : all) updated[static_cast<std::size_t>(id)] = 1;
+  // Pending packs of other weights read the amax scratch this call rewrites: enqueue them first, so
+  // that the joins below order the new amax after them. (Their shards have not changed since.)
+  for (std::size_t id = 0; id < weights_.size(); ++id) {
+    if (live_[id] && !updated[id] && weights_[id].pack_pending && weights_[id].pack_amax != nullptr) {
+      pack(weights_[id]);
+    }
+  }
   std::set<int> groups;
   for (WeightId id : all) groups.insert(weights_[id].desc.group);
   // Once per optimizer step: each involved gather stream joins the optimizer's stream and every side
-  // stream (reduce-scatters included), so the re-pack is ordered after all of them.
+  // stream (reduce-scatters included), so the amax and every later pack are ordered after all of them.
   for (int group : groups) {
     const Stream gather = backend_.side_stream(group, Role::kGather);
     backend_.order(gather, stream);
@@ -171,61 +179,46 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream,
     amax_scratch_ = static_cast<float*>(backend_.allocate(needed));
     amax_bytes_ = needed;
   }
-  std::map<WeightId, const float*> amax;
+  for (WeightId id : all) weights_[id].pack_amax = nullptr;
   float* next = amax_scratch_;
   for (auto& [group, members] : by_group) {
     float* values = next;
     for (WeightId id : members) {
-      const Weight& weight = weights_[id];
+      Weight& weight = weights_[id];
       if (weight.valid_rows > 0) {
         backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
       } else {
         backend_.fill(gather_stream(weight), next, 0, sizeof(float));
       }
-      amax[id] = next++;
+      weight.pack_amax = next++;
     }
     backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
   }
-  // The pack order: `first` (those updated here), then the rest in the order given, each weight once.
-  // Marks per id keep this linear in the weights: an MoE model re-packs thousands of them per step.
-  enum : char { kNotUpdated, kUpdated, kOrdered };
-  std::vector<char> mark(weights_.size(), kNotUpdated);
-  for (WeightId id : all) mark[static_cast<std::size_t>(id)] = kUpdated;
-  std::vector<WeightId> order;
-  for (WeightId id : first) {
-    if (id >= 0 && id < static_cast<WeightId>(mark.size()) && mark[static_cast<std::size_t>(id)] == kUpdated) {
-      mark[static_cast<std::size_t>(id)] = kOrdered;
-      order.push_back(id);
-    }
-  }
-  const std::size_t first_count = order.size();
   for (WeightId id : all) {
-    if (mark[static_cast<std::size_t>(id)] == kUpdated) {
-      mark[static_cast<std::size_t>(id)] = kOrdered;
-      order.push_back(id);
-    }
-  }
-  // after_first runs between the two parts, or after every pack when either part is empty.
-  const bool between = first_count > 0 && first_count < order.size();
-  for (std::size_t i = 0; i < order.size(); ++i) {
-    if (between && i == first_count && after_first) after_first();
-    const WeightId id = order[i];
     Weight& weight = weights_[id];
     ++weight.version;
-    if (weight.sends_from_shard) continue;  // the shard is the wire chunk
-    kernels::PackArgs args;
-    args.shard = weight.desc.shard;
-    args.src_dtype = weight.desc.dtype;
-    args.shard_rows = weight.geometry.shard_rows;
-    args.valid_rows = weight.valid_rows;
-    args.cols = weight.desc.cols;
-    const auto reduced = amax.find(id);
-    args.amax = reduced == amax.end() ? nullptr : reduced->second;
-    args.chunk = weight.chunk;
-    args.chunk_capacity = weight.layout.chunk_bytes;
-    backend_.pack(gather_stream(weight), weight.desc.wire, args);
+    weight.pack_pending = !weight.sends_from_shard;  // the shard is the wire chunk
+    if (pack_on_update_) pack_if_pending(id);
   }
-  if (!between && after_first) after_first();
+}
+
+void Registry::pack_if_pending(WeightId id) {
+  Weight& weight = at(id);
+  if (weight.pack_pending) pack(weight);
+}
+
+void Registry::pack(Weight& weight) {
+  kernels::PackArgs args;
+  args.shard = weight.desc.shard;
+  args.src_dtype = weight.desc.dtype;
+  args.shard_rows = weight.geometry.shard_rows;
+  args.valid_rows = weight.valid_rows;
+  args.cols = weight.desc.cols;
+  args.amax = weight.pack_amax;
+  args.chunk = weight.chunk;
+  args.chunk_capacity = weight.layout.chunk_bytes;
+  backend_.pack(gather_stream(weight), weight.desc.wire, args);
+  weight.pack_pending = false;
 }
 
 }  // namespace gtp::remat

@@ -1,10 +1,11 @@
 // Registry: the weights the runtime materializes. Each rank registers its own shard of every weight
 // (rows group_rank x shard_rows ... of the TP-local weight, padding rows excluded) and keeps one packed
-// wire chunk per weight, re-packed by shard_updated() once per optimizer step.
+// wire chunk per weight. shard_updated() (once per optimizer step) reduces the amax and marks the
+// chunks stale; each is packed right before its first gather (pack_if_pending), so the packs spread
+// over the step in gather order instead of queueing, all of them, ahead of its first gathers.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,9 @@ struct Weight {
   std::int64_t output_bytes = 0;
   void* chunk = nullptr;                // this rank's packed wire chunk (layout.chunk_bytes); null when
                                         // sends_from_shard
-  std::uint64_t version = 0;            // packs so far; 0: never packed
+  std::uint64_t version = 0;            // shard updates so far; 0: never packed
+  bool pack_pending = false;            // the chunk is older than `version`: pack before gathering
+  const float* pack_amax = nullptr;     // while pending: the reduced amax to pack with (FP8, NVFP4)
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
 
   // What this rank sends when the weight is gathered (layout.chunk_bytes).
@@ -87,28 +90,32 @@ class Registry {
   // Leaders expand into themselves followed by their experts; others stay as they are.
   std::vector<WeightId> expand(const WeightId* ids, std::int64_t n) const;
 
-  // Re-packs the chunks of `ids` (leaders: with their experts) from their shards. FP8 and NVFP4 encode
-  // with the tensor amax over the whole weight: every local amax is reduced in one all_reduce_max per
-  // group. Collective: every rank of each group involved calls it with the same ids in the same order.
-  // The shards are read after the work enqueued so far on `stream` (the optimizer's), and after every
-  // side stream's work: an in-flight reduce-scatter or a gather of another group still reading a chunk
-  // (or the shared amax scratch) is never overtaken.
-  // The weights in `first` (those of `ids` among them, in that order) are packed before the others,
-  // and `after_first`, when given, runs between (after every pack when none of `first` or all of
-  // `ids` are in it): work it enqueues on a gather stream (the next step's first gathers) goes out
-  // behind those packs only, not behind every pack.
-  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream, const std::vector<WeightId>& first = {},
-                     const std::function<void()>& after_first = {});
+  // The shards of `ids` (leaders: with their experts) changed: their versions advance and their chunks
+  // are re-packed, by pack_if_pending before their next gather (or here, with pack_on_update). FP8 and
+  // NVFP4 encode with the tensor amax over the whole weight: every local amax is reduced here, in one
+  // all_reduce_max per group. Collective: every rank of each group involved calls it with the same ids
+  // in the same order. The shards are read after the work enqueued so far on `stream` (the
+  // optimizer's), and after every side stream's work: an in-flight reduce-scatter or a gather of
+  // another group still reading a chunk (or the shared amax scratch) is never overtaken. Pending packs
+  // of other weights that read the amax scratch are enqueued first, before it is reused.
+  void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
+  // Enqueues the weight's pending pack on its group's gather stream (nothing when it is current).
+  void pack_if_pending(WeightId id);
+  // From now on shard_updated packs every chunk at once (a captured step's replays gather chunks that
+  // no eager fill packs; docs/remat.md, CUDA graphs).
+  void pack_on_update() { pack_on_update_ = true; }
 
  private:
   Weight& at(WeightId id);
   Stream gather_stream(const Weight& weight) const;
+  void pack(Weight& weight);
 
   Backend& backend_;
   std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null
   std::vector<bool> live_;
   float* amax_scratch_ = nullptr;
   std::int64_t amax_bytes_ = 0;
+  bool pack_on_update_ = false;
 };
 
 }  // namespace gtp::remat

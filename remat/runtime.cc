@@ -162,6 +162,7 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
   std::string names;
   for (std::size_t f = 0; f < n; ++f) {
     for (WeightId id : *fills[f].key) {
+      registry_.pack_if_pending(id);  // on its gather stream, which the fill stream joins below (or is)
       const Weight& w = registry_.get(id);
       if (id >= static_cast<WeightId>(weight_stats_.size())) weight_stats_.resize(id + 1);
       weight_stats_[id].gathered_bytes += w.geometry.group_size * w.layout.chunk_bytes;
@@ -287,6 +288,8 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
 
 void Runtime::join_capture(Stream stream) {
   if (!backend_.capturing(stream)) return;
+  // Replays gather without the eager fills that pack lazily: from now on every re-pack is done at once.
+  registry_.pack_on_update();
   for (const GroupConfig& group : groups_) {
     if (group.keep_gathered) {
       throw std::invalid_argument(group.name + " keeps weights gathered (keep_gathered), which CUDA graph capture "
@@ -474,60 +477,35 @@ void Runtime::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) 
   const Backend::CallScope scope(backend_);
   const ChainKey updated = registry_.expand(ids, n);
   const double start = trace_.enabled() ? trace_.now_us() : 0;
+  registry_.shard_updated(ids, n, stream);
   const std::set<WeightId> changed(updated.begin(), updated.end());
-  const auto holds_changed = [&](const Cache::Slot& slot) {
-    return std::any_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; });
-  };
-  // What is gathered right after the re-pack: the prefetched slots holding a re-packed weight (gathered
-  // again in place) and, when the head follows the re-pack (deferred to it, or kept until now), each
-  // group's next depth consumes on the schedule. Their weights are packed first, so those gathers wait
-  // for their own packs only, not for every pack of the step.
-  std::vector<WeightId> first;
-  bool head_follows = head_deferred_;
+  // What is gathered again right away packs first, as every fill does (fill_many): the stale prefetched
+  // slots, and the head when it follows the re-pack. The other packs wait for their first gathers.
+  bool dropped_kept = false;
   for (const std::unique_ptr<Cache>& cache : caches_) {
     for (int i = 0; i < cache->size(); ++i) {
-      const Cache::Slot& slot = cache->slot(i);
-      if (!holds_changed(slot)) continue;
-      if (slot.state == Cache::State::kPrefetched) first.insert(first.end(), slot.key.begin(), slot.key.end());
-      head_follows = head_follows || slot.state == Cache::State::kKept;
+      Cache::Slot& slot = cache->slot(i);
+      if (std::none_of(slot.key.begin(), slot.key.end(), [&](WeightId id) { return changed.count(id) != 0; })) continue;
+      if (slot.state == Cache::State::kKept) {
+        cache->drop(i);  // gathered from the old shards: the next materialize gathers again
+        dropped_kept = true;
+        continue;
+      }
+      if (slot.state == Cache::State::kHeld) slot.keep = false;  // freed at its last release
+      if (slot.state != Cache::State::kPrefetched) continue;
+      const ChainKey key = slot.key;
+      fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
+      ++stats_.stale_prefetches;
     }
   }
-  if (head_follows && !schedule_recording_ && schedule_in_sync_) {
-    for (int g = 0; g < group_count(); ++g) {
-      const std::vector<std::int64_t>& mine = by_group_[g];
-      auto next = std::lower_bound(mine.begin(), mine.end(), schedule_position_);
-      for (int taken = 0; next != mine.end() && taken < groups_[g].depth; ++next, ++taken) {
-        if (const ChainKey* key = schedule_key(*next)) first.insert(first.end(), key->begin(), key->end());
-      }
-    }
+  if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
+    head_deferred_ = false;
+    refill(active_chain_);
+    boundary_ = boundary();
+  } else if (dropped_kept && active_chain_ >= 0) {
+    // The windows skipped keys that were kept (the head, after a drain): gather them now.
+    refill(active_chain_);
   }
-  registry_.shard_updated(ids, n, stream, first, [&] {
-    bool dropped_kept = false;
-    for (const std::unique_ptr<Cache>& cache : caches_) {
-      for (int i = 0; i < cache->size(); ++i) {
-        Cache::Slot& slot = cache->slot(i);
-        if (!holds_changed(slot)) continue;
-        if (slot.state == Cache::State::kKept) {
-          cache->drop(i);  // gathered from the old shards: the next materialize gathers again
-          dropped_kept = true;
-          continue;
-        }
-        if (slot.state == Cache::State::kHeld) slot.keep = false;  // freed at its last release
-        if (slot.state != Cache::State::kPrefetched) continue;
-        const ChainKey key = slot.key;
-        fill(i, key, "regather");  // in place: the slot has no consumer, its address stays
-        ++stats_.stale_prefetches;
-      }
-    }
-    if (head_deferred_) {  // drain(.., kAfterShardUpdate): the head, gathered from the new shards
-      head_deferred_ = false;
-      refill(active_chain_);
-      boundary_ = boundary();
-    } else if (dropped_kept && active_chain_ >= 0) {
-      // The windows skipped keys that were kept (the head, after a drain): gather them now.
-      refill(active_chain_);
-    }
-  });
   if (trace_.enabled()) trace_.add("shard_updated x" + std::to_string(updated.size()), "repack", start);
 }
 

@@ -288,8 +288,6 @@ std::vector<Materialized> Runtime::outputs(int index, const ChainKey& key) {
 
 void Runtime::join_capture(Stream stream) {
   if (!backend_.capturing(stream)) return;
-  // Replays gather without the eager fills that pack lazily: from now on every re-pack is done at once.
-  registry_.pack_on_update();
   for (const GroupConfig& group : groups_) {
     if (group.keep_gathered) {
       throw std::invalid_argument(group.name + " keeps weights gathered (keep_gathered), which CUDA graph capture "
@@ -297,6 +295,8 @@ void Runtime::join_capture(Stream stream) {
                                   "turn keep_gathered off for captured steps");
     }
   }
+  // Replays gather without the eager fills that pack lazily: from now on every re-pack is done at once.
+  registry_.pack_on_update();
   for (int g = 0; g < backend_.group_count(); ++g) {
     for (Role role : {Role::kGather, Role::kReduceScatter}) {
       const Stream side = backend_.side_stream(g, role);

@@ -9,7 +9,9 @@
 #   3. gtp-overlap-bench with G = N under gtp-launch --bootstrap ucx (B = 1);
 #   4. train_gpt.py with G = N on the CUDA backend (GTP off vs every wire), then the BF16 run's
 #      checkpoint re-sharded and resumed at G = N/2;
-#   5. extras while time is left: gtp-overlap-bench with 4 microbatches; all_gather and reduce_scatter
+#   5. extras while time is left: train_gpt.py with fill graphs (BF16, FP8: the fills recorded and
+#      launched as CUDA graphs over N ranks, NCCL's rule for captured collectives across GPUs);
+#      gtp-overlap-bench with 4 microbatches; all_gather and reduce_scatter
 #      over gtp_remat groups of size N/2 (N >= 4: a TP 2 profile); every --format checked bit-exact
 #      against the CPU reference (-c 1, small sizes).
 # Then bench/multi_gpu_summary.py prints the tables against the targets. Everything lands in
@@ -120,6 +122,8 @@ if wants train; then
     --reshard-to "$half" --reshard-steps 10 --json "$work/train_gpt_g$n.json"
 fi
 if wants extras; then
+  timed 120 train_gpt_fill_graphs_g$n python3 bindings/python/examples/train_gpt.py --ranks "$n" --backend cuda \
+    --steps 20 --wires bf16,fp8 --fill-graphs 256 --json "$work/train_gpt_fill_graphs_g$n.json"
   timed 120 overlap_mb4_g$n $launch $bin/gtp-overlap-bench --bootstrap ucx --m "${GTP_OVERLAP_M:-auto}" \
     --microbatches 4 --wires bf16,nvfp4 --priorities high --depths 1,2 --json "$work/overlap_mb4_g$n.json"
   if [ "$n" -ge 4 ]; then

@@ -10,6 +10,7 @@ Files read (G = the group size, written by the script; a missing file is reporte
   fsdp2_g{G}.json                        bench/peers/fsdp2_allgather_peer.py: rows `fsdp2`
   overlap_g{G}.json, overlap_mb4_g{G}.json   gtp-overlap-bench under gtp-launch
   train_gpt_g{G}.json                    train_gpt.py --backend cuda (with --reshard-to)
+  train_gpt_fill_graphs_g{G}.json        train_gpt.py --backend cuda --fill-graphs (BF16, FP8)
 
 Targets (issue 7): libgtp's busbw >= 97 % of raw NCCL's at >= 64 MiB; wire end to end vs the BF16
 gather >= 1.8x for fp8 / mxfp8 and >= 3x for nvfp4 at >= 256 MiB; exposed communication <= 3 % of
@@ -146,6 +147,23 @@ def training(folder, g):
             "loss_decreased": doc["loss_decreased"], "reshard": doc.get("reshard")}
 
 
+def fill_graph_training(folder, g):
+    """train_gpt.py --fill-graphs over G GPUs: parity with GTP off, and whether the dense group's fills
+    ran as launches of recorded CUDA graphs (captured NCCL collectives across ranks)."""
+    doc = load(folder, f"train_gpt_fill_graphs_g{g}.json")
+    if doc is None:
+        return {"group_size": g, "run": False}
+    runs = []
+    for name, r in doc["runs"].items():
+        if name == "off":
+            continue
+        dense = r["stats"]["groups"][0]
+        runs.append({"run": name, "within_bound": r.get("within_bound"), "graph_fills": dense["graph_fills"],
+                     "graph_recordings": dense["graph_recordings"],
+                     "target_met": bool(r.get("within_bound")) and dense["graph_fills"] > dense["graph_recordings"] > 0})
+    return {"group_size": g, "run": True, "parity_ok": doc["parity_ok"], "runs": runs}
+
+
 def summarize(folder):
     gs = group_sizes(folder)
     summary = {"group_sizes": gs,
@@ -155,7 +173,9 @@ def summarize(folder):
             "wires": [e for g in gs for e in wires(folder, g)],
             "overlap": [e for g in gs for e in overlap(folder, g)],
             "training": [training(folder, g) for g in gs
-                         if os.path.exists(os.path.join(folder, f"train_gpt_g{g}.json"))]}
+                         if os.path.exists(os.path.join(folder, f"train_gpt_g{g}.json"))],
+            "fill_graphs": [fill_graph_training(folder, g) for g in gs
+                            if os.path.exists(os.path.join(folder, f"train_gpt_fill_graphs_g{g}.json"))]}
     summary["verdicts"] = verdicts(summary)
     return summary
 
@@ -167,7 +187,8 @@ def verdicts(s):
         return {"met": sum(measured), "measured": len(measured)}
     train_ok = [t["parity_ok"] and t["loss_decreased"] for t in s["training"]]
     return {"busbw": count(s["collectives"]), "wire": count(s["wires"]), "overlap": count(s["overlap"]),
-            "training": {"met": sum(train_ok), "measured": len(train_ok)}}
+            "training": {"met": sum(train_ok), "measured": len(train_ok)},
+            "fill_graphs": count([r for t in s["fill_graphs"] for r in t["runs"]])}
 
 
 def once(lines, line):
@@ -234,6 +255,14 @@ def render(s):
                          f" shards {'equal the checkpoint' if rs['shards_match_checkpoint'] else 'DIFFER'},"
                          f" max gap {rs['max_relative_loss_gap']:.4g} (bound {rs['bound']:g})"
                          f" {verdict(rs['within_bound'])}")
+    lines += ["", "training with fill graphs (train_gpt.py --fill-graphs): parity, fills launched as graphs"]
+    if not s["fill_graphs"]:
+        lines.append("  not run")
+    for t in s["fill_graphs"]:
+        lines.append(f"G = {t['group_size']}: parity {'ok' if t['parity_ok'] else 'FAILED'}")
+        for r in t["runs"]:
+            lines.append(f"  {r['run']:<6} {r['graph_fills']} graph fills of {r['graph_recordings']} recordings"
+                         f" {verdict(r['target_met'])}")
     lines += ["", "targets met / measured: " + ", ".join(f"{k} {v['met']}/{v['measured']}"
                                                       for k, v in s["verdicts"].items())]
     return "\n".join(lines) + "\n"

@@ -70,6 +70,11 @@ class SummaryTest(unittest.TestCase):
                               "seconds_per_step": 0.03}},
             "reshard": {"from_g": 8, "to_g": 4, "wire": "bf16", "steps": 10, "shards_match_checkpoint": True,
                         "max_relative_loss_gap": 1e-4, "bound": 1e-3, "within_bound": True}})
+        dense = [{"graph_fills": 400, "graph_recordings": 12}, {"graph_fills": 0, "graph_recordings": 0}]
+        self.write("train_gpt_fill_graphs_g8.json", {
+            "parity_ok": False, "runs": {"off": {"last_loss": 1.5, "stats": None},
+                                         "bf16": {"within_bound": True, "stats": {"groups": dense}},
+                                         "fp8": {"within_bound": True, "stats": {"groups": dense[1:]}}}})
 
     def write(self, name, doc):
         with open(os.path.join(self.folder, name), "w") as f:
@@ -104,8 +109,11 @@ class SummaryTest(unittest.TestCase):
                          [("bf16", True), ("nvfp4", False), ("fp8", None)], "reference and resident rows skipped")
         self.assertEqual(gtp[2]["error"], "gtp_materialize: timed out")
         self.assertEqual(s["training"][0]["reshard"]["to_g"], 4)
+        fills = {r["run"]: r["target_met"] for r in s["fill_graphs"][0]["runs"]}
+        self.assertEqual(fills, {"bf16": True, "fp8": False}, "no graph fill is a miss")
         self.assertEqual(s["verdicts"], {"busbw": {"met": 3, "measured": 4}, "wire": {"met": 2, "measured": 3},
-                                         "overlap": {"met": 1, "measured": 2}, "training": {"met": 1, "measured": 1}})
+                                         "overlap": {"met": 1, "measured": 2}, "training": {"met": 1, "measured": 1},
+                                         "fill_graphs": {"met": 1, "measured": 2}})
 
     def test_command_line_prints_the_tables_and_writes_json(self):
         out = subprocess.run([sys.executable, summary.__file__, self.folder], check=True, capture_output=True,
@@ -114,7 +122,8 @@ class SummaryTest(unittest.TestCase):
         self.assertRegex(out, r"all_gather bf16 +8 +256 MiB +87\.5 +84\.0 +0\.960 +MISSED")
         self.assertRegex(out, r"nvfp4 +8 +256 MiB .* 3\.20x +met")
         self.assertIn("re-shard load G = 8 -> 4 (bf16, 10 steps): shards equal the checkpoint", out)
-        self.assertIn("targets met / measured: busbw 3/4, wire 2/3, overlap 1/2, training 1/1", out)
+        self.assertIn("  bf16   400 graph fills of 12 recordings met", out)
+        self.assertIn("targets met / measured: busbw 3/4, wire 2/3, overlap 1/2, training 1/1, fill_graphs 1/2", out)
         with open(os.path.join(self.folder, "multi_gpu_summary.json")) as f:
             self.assertEqual(json.load(f)["group_sizes"], [8, 4])
 

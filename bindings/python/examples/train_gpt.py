@@ -7,6 +7,9 @@ Prints a JSON summary: losses per run, parity of GTP-on vs GTP-off. See docs/tut
 --keep-gathered: GTP on keeps every weight gathered from its first forward until the optimizer's
 re-pack (the profile's keep_gathered), so the backward reads the forward's slot.
 
+--fill-graphs N: GTP on keeps up to N fills per group as graphs (the profile's fill_graphs): each
+distinct prefetch is recorded once and launched afterwards (one cudaGraphLaunch on the CUDA backend).
+
 --reshard-to M: the first wire's run also writes every rank's state dict (shards with their offsets);
 they are merged with gtp.torch.consolidate_state_dicts and loaded by M new ranks (G = M), GTP on with
 that wire and GTP off, which both train --reshard-steps more steps: each rank's shards must equal the
@@ -111,9 +114,10 @@ def average_gradients(model, world):
                 p.grad.copy_(ordered_mean(gathered))
 
 
-def keep_gathered_profile(world):
+def example_profile(world, keep_gathered=False, fill_graphs=0):
     """A profile for `world` ranks on one host (G = world) whose groups keep their weights gathered
-    from the first forward to the next re-pack (docs/remat.md, Keep gathered)."""
+    from the first forward to the next re-pack (docs/remat.md, Keep gathered) and keep up to
+    `fill_graphs` fills as graphs (docs/remat.md, Fill graphs)."""
     return {"schema_version": 1,
             "cluster": {"template": {"host_count": 1, "host": {
                 "numa_nodes": [{"os_index": 0, "cpuset": "0xff"}],
@@ -121,7 +125,8 @@ def keep_gathered_profile(world):
             "parallel": {"world_size": world, "tensor_parallel_num_weight_shards": world,
                          "expert_tensor_parallel_num_weight_shards": world},
             "placement": {"on_violation": "warn"},
-            "groups": {group: {"keep_gathered": True} for group in ("gtp_remat", "expt_gtp_remat")}}
+            "groups": {group: {"keep_gathered": keep_gathered, "fill_graphs": fill_graphs}
+                       for group in ("gtp_remat", "expt_gtp_remat")}}
 
 
 def train(rank, world, config, wire, *, load=None, save=None, first_step=0, steps=None):
@@ -131,7 +136,9 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
     device = torch.device(f"cuda:{rank}") if config["backend"] == "cuda" else torch.device("cpu")
     context = None
     if wire is not None:
-        profile = json.dumps(keep_gathered_profile(world)) if config.get("keep_gathered") else None
+        profile = None
+        if config.get("keep_gathered") or config.get("fill_graphs"):
+            profile = json.dumps(example_profile(world, bool(config.get("keep_gathered")), config.get("fill_graphs", 0)))
         context = gt.Context(config["store"], rank, world, backend=config["backend"], device=device,
                              prefetch_depth=2, timeout_s=120, profile_json=profile)
     counter = iter(range(1000))
@@ -170,7 +177,7 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
     stats = None
     if context is not None:
         s = context.stats()
-        stats = {"materialize": s["materialize"], "grads": s["grads"]}
+        stats = {"materialize": s["materialize"], "grads": s["grads"], "groups": s["groups"]}
         context.close()
     result = {"losses": losses, "seconds_per_step": seconds / steps, "stats": stats}
     if shards_match is not None:
@@ -305,12 +312,16 @@ def main():
     parser.add_argument("--reshard-steps", type=int, default=10, help="steps trained after the re-shard load")
     parser.add_argument("--keep-gathered", action="store_true",
                         help="GTP on keeps each weight gathered from its first forward to the next re-pack")
+    parser.add_argument("--fill-graphs", type=int, default=0, metavar="N",
+                        help="GTP on keeps up to N fills per group as graphs, launched instead of enqueued (0: off)")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args()
     overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w],
-                 "keep_gathered": args.keep_gathered}
+                 "keep_gathered": args.keep_gathered, "fill_graphs": args.fill_graphs}
     if args.backend:
         overrides["backend"] = args.backend
+    if args.fill_graphs < 0:
+        parser.error(f"--fill-graphs {args.fill_graphs}: give 0 (off) or the most fill graphs per group")
     if args.reshard_to is not None and args.reshard_to < 1:
         parser.error(f"--reshard-to {args.reshard_to}: give a number of ranks >= 1")
     if args.reshard_to is not None and not overrides["wires"]:

@@ -199,6 +199,21 @@ def test_tiny_gpt_with_weights_kept_gathered_is_still_bit_identical_to_gtp_off()
     assert 2 * counters["kept_hits"] == counters["calls"], counters
 
 
+def test_tiny_gpt_with_fill_graphs_is_still_bit_identical_to_gtp_off():
+    """train_gpt.py --fill-graphs: every prefetch after the first steps is a launch of a recorded fill
+    (the host backend records a fill's calls and makes them again), and the BF16 losses still equal
+    GTP off's bit for bit, the FP8 ones within their bound."""
+    import train_gpt
+    config = train_gpt.default_config(steps=4, wires=["bf16", "fp8"], layers=1, backend="host", fill_graphs=64)
+    summary = train_gpt.summarize(train_gpt.launch(2, config, timeout_s=400), config)
+    assert summary["runs"]["bf16"]["bit_identical_to_off"], summary["runs"]
+    assert summary["runs"]["fp8"]["within_bound"], summary["runs"]
+    for wire in ("bf16", "fp8"):
+        dense = summary["runs"][wire]["stats"]["groups"][0]
+        assert dense["fill_graphs_limit"] == 64, dense
+        assert dense["graph_fills"] > 2 * dense["graph_recordings"] > 0, dense
+
+
 def test_gpt_example_checkpoint_resumes_at_half_the_ranks(tmp_path):
     """train_gpt.py --reshard-to: G = 2's BF16 checkpoint, merged, resumed at G = 1 GTP on and off."""
     import train_gpt

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -321,32 +322,45 @@ TEST(CAbiGroups, EachGroupTakesItsOwnDepthAndBudgetFromTheProfile) {
   train_two_groups(batched, 1, 1, 1, 0, 0, 1);
 }
 
-// World 2, G = 2, the dense group keeping its weights gathered (profile keep_gathered): each step
-// re-packs both weights, the forward gathers each (on demand in the recording step, then prefetched),
-// and the backward reads them from their kept slots; the expert weight, without keep, prefetches
-// both ways. Every materialized weight is compared with the unsharded one.
-TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot) {
-  constexpr int kSteps = 3;
-  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2},
-                                   {"expert_tensor_parallel_num_weight_shards", 2}};
-  const std::string profile =
-      profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 1}, {"keep_gathered", true}}},
-                                 {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
+// World 2, G = 2: a context from `profile` with two dense weights and an expert weight (seed `seed`),
+// trained `steps` steps, each re-packing the three weights, the forward consuming 0, 2, 1 and the
+// backward 1, 2, 0, every materialized weight compared with the unsharded one. `after_step(ctx, rank,
+// step)` runs after each step's drain, `check(stats)` on the final stats, on every rank.
+void train_dense_and_expert(const std::string& profile, int seed, int steps,
+                            const std::function<void(gtp_context_t*, int, int)>& after_step,
+                            const std::function<void(const nlohmann::json&)>& check) {
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
     ASSERT_NE(ctx, nullptr);
     std::vector<std::vector<uint16_t>> shards;
     std::vector<gtp_weight_t> ws;  // weights 0, 1 dense; 2 an expert
-    ASSERT_NO_FATAL_FAILURE(
-        register_weights(ctx, rank, 11, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}, shards, ws));
-    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, 11, k, phase)); };
-    for (int step = 0; step < kSteps; ++step) {
+    ASSERT_NO_FATAL_FAILURE(register_weights(
+        ctx, rank, seed, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}, shards, ws));
+    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, seed, k, phase)); };
+    for (int step = 0; step < steps; ++step) {
       ASSERT_EQ(gtp_weights_shard_updated(ctx, ws.data(), 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
       for (int k : {0, 2, 1}) use(k, GTP_PHASE_FORWARD);
       for (int k : {1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
       ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      if (after_step) after_step(ctx, rank, step);
     }
-    const nlohmann::json stats = stats_of(ctx);
+    check(stats_of(ctx));
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
+const nlohmann::json kTwoByTwo = {{"tensor_parallel_num_weight_shards", 2},
+                                  {"expert_tensor_parallel_num_weight_shards", 2}};
+
+// The dense group keeping its weights gathered (profile keep_gathered): the forward gathers each
+// dense weight (on demand in the recording step, then prefetched), and the backward reads them from
+// their kept slots; the expert weight, without keep, prefetches both ways.
+TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot) {
+  constexpr int kSteps = 3;
+  const std::string profile =
+      profile_with(2, kTwoByTwo, {{"gtp_remat", {{"prefetch_depth", 1}, {"keep_gathered", true}}},
+                                  {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
+  train_dense_and_expert(profile, 11, kSteps, {}, [&](const nlohmann::json& stats) {
     const nlohmann::json& dense = stats.at("groups").at(GTP_GROUP_GTP_REMAT);
     const nlohmann::json& experts = stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT);
     EXPECT_TRUE(dense.at("keep_gathered").get<bool>()) << stats;
@@ -357,38 +371,22 @@ TEST(CAbiGroups, KeepGatheredFromTheProfileServesTheBackwardFromTheForwardsSlot)
     EXPECT_EQ(experts.at("kept_hits").get<int64_t>(), 0) << stats;
     EXPECT_EQ(experts.at("prefetch_hits").get<int64_t>(), 2 * (kSteps - 1)) << stats;
     EXPECT_EQ(stats.at("materialize").at("kept_hits").get<int64_t>(), 2 * kSteps) << stats;
-    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
 }
 
-// World 2, G = 2, the dense group's fills kept as graphs (profile fill_graphs; the host backend
-// records a fill's calls and makes them again at each launch): every materialized weight is still the
-// unsharded one, and after the recording steps the dense fills are launches of recorded graphs.
+// The dense group's fills kept as graphs (profile fill_graphs; the host backend records a fill's
+// calls and makes them again at each launch): every materialized weight is still the unsharded one,
+// and after the recording steps the dense fills are launches of recorded graphs.
 TEST(CAbiGroups, FillGraphsFromTheProfileRecordEachFillOnceAndLaunchItAfterwards) {
-  constexpr int kSteps = 4;
-  const nlohmann::json parallel = {{"tensor_parallel_num_weight_shards", 2},
-                                   {"expert_tensor_parallel_num_weight_shards", 2}};
-  const std::string profile = profile_with(2, parallel, {{"gtp_remat", {{"prefetch_depth", 1}, {"fill_graphs", 64}}},
-                                                         {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
-  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
-    ASSERT_NE(ctx, nullptr);
-    std::vector<std::vector<uint16_t>> shards;
-    std::vector<gtp_weight_t> ws;  // weights 0, 1 dense; 2 an expert
-    ASSERT_NO_FATAL_FAILURE(
-        register_weights(ctx, rank, 13, {GTP_GROUP_GTP_REMAT, GTP_GROUP_GTP_REMAT, GTP_GROUP_EXPERT_GTP_REMAT}, shards, ws));
-    auto use = [&](int k, gtp_phase_t phase) { ASSERT_NO_FATAL_FAILURE(use_weight(ctx, ws, 13, k, phase)); };
-    int64_t recordings = 0;
-    for (int step = 0; step < kSteps; ++step) {
-      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws.data(), 3, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-      for (int k : {0, 2, 1}) use(k, GTP_PHASE_FORWARD);
-      for (int k : {1, 2, 0}) use(k, GTP_PHASE_BACKWARD);
-      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-      const int64_t now = stats_of(ctx).at("groups").at(GTP_GROUP_GTP_REMAT).at("graph_recordings").get<int64_t>();
-      if (step >= 2) EXPECT_EQ(now, recordings) << "a dense fill recorded again at step " << step;
-      recordings = now;
-    }
-    const nlohmann::json stats = stats_of(ctx);
+  const std::string profile = profile_with(2, kTwoByTwo, {{"gtp_remat", {{"prefetch_depth", 1}, {"fill_graphs", 64}}},
+                                                          {"expt_gtp_remat", {{"prefetch_depth", 1}}}});
+  int64_t recordings[2] = {0, 0};  // per rank (the ranks are threads)
+  const auto no_new_recordings = [&](gtp_context_t* ctx, int rank, int step) {
+    const int64_t now = stats_of(ctx).at("groups").at(GTP_GROUP_GTP_REMAT).at("graph_recordings").get<int64_t>();
+    if (step >= 2) EXPECT_EQ(now, recordings[rank]) << "a dense fill recorded again at step " << step;
+    recordings[rank] = now;
+  };
+  train_dense_and_expert(profile, 13, 4, no_new_recordings, [&](const nlohmann::json& stats) {
     const nlohmann::json& dense = stats.at("groups").at(GTP_GROUP_GTP_REMAT);
     const nlohmann::json& experts = stats.at("groups").at(GTP_GROUP_EXPERT_GTP_REMAT);
     EXPECT_EQ(dense.at("fill_graphs_limit").get<int64_t>(), 64) << stats;
@@ -396,7 +394,6 @@ TEST(CAbiGroups, FillGraphsFromTheProfileRecordEachFillOnceAndLaunchItAfterwards
     EXPECT_GT(dense.at("graph_fills").get<int64_t>(), dense.at("graph_recordings").get<int64_t>()) << stats;
     EXPECT_EQ(experts.at("fill_graphs_limit").get<int64_t>(), 0) << stats;
     EXPECT_EQ(experts.at("graph_fills").get<int64_t>(), 0) << stats;
-    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
 }
 

@@ -138,8 +138,8 @@ std::string parallel_error_path(const std::string& message) {
   return "/parallel/" + best;
 }
 
-// Each fill graph holds a few KiB of host memory (and NCCL's per-graph resources); more than this many
-// distinct fills per group would mean a graph per fill of a very long step, for little gain.
+// Each fill graph is an instantiated CUDA graph (host memory, and NCCL's per-graph resources); more
+// than this many distinct fills per group would mean a graph per fill of a very long step.
 constexpr int64_t kMaxFillGraphs = 1 << 16;
 
 GroupSettings parse_group(const json& value, const std::string& path) {

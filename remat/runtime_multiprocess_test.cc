@@ -18,8 +18,8 @@ void expect_training_passes(int n) {
                                                 g_launcher + " -n " + std::to_string(n) + " --timeout 240 -- " + g_worker);
   EXPECT_EQ(result.status, 0) << result.output;
   for (int r = 0; r < n; ++r) {
-    const std::regex passed("\\[" + std::to_string(r) + "\\] \\[  PASSED  \\] 3 tests\\.");
-    EXPECT_TRUE(std::regex_search(result.output, passed)) << "rank " << r << " did not pass all 3 tests:\n" << result.output;
+    const std::regex passed("\\[" + std::to_string(r) + "\\] \\[  PASSED  \\] 4 tests\\.");
+    EXPECT_TRUE(std::regex_search(result.output, passed)) << "rank " << r << " did not pass all 4 tests:\n" << result.output;
   }
 }
 

@@ -28,6 +28,20 @@ TEST(RuntimeAcrossProcesses, TrainingMatchesTheSingleProcessReferenceDepth2Accum
   testing::train_and_check(comm, options);
 }
 
+// Prefetches in batches of 2, each distinct fill recorded once and launched afterwards (fill graphs:
+// the host backend makes a recording's calls, collectives included, again at each launch).
+TEST(RuntimeAcrossProcesses, TrainingWithFillGraphsMatchesTheSingleProcessReference) {
+  comm::HostComm comm(*g_bootstrap, kTimeout);
+  testing::TrainOptions options;
+  options.config.depth = 3;
+  options.config.prefetch_batch = 2;
+  options.config.fill_graphs = 128;
+  testing::TrainReport report;
+  testing::train_and_check(comm, options, &report);
+  EXPECT_GT(report.group.graph_fills, report.group.graph_recordings);
+  EXPECT_GT(report.group.graph_recordings, 0);
+}
+
 TEST(RuntimeAcrossProcesses, EveryWireFormatMatchesTheReferenceDecode) {
   comm::HostComm comm(*g_bootstrap, kTimeout);
   for (const kernels::WireSpec& spec : testing::all_wire_specs()) {

@@ -107,6 +107,7 @@ struct TrainReport {
   RuntimeStats runtime;
   CacheStats cache;
   std::int64_t largest_group_bytes = 0;  // the largest single materialize call's slot bytes
+  GroupStats group;                      // of group 0, the only one
 };
 
 struct TrainOptions {
@@ -240,7 +241,7 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
   }
   EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
   EXPECT_EQ(runtime.grads_stats().grads_ready, options.steps * layers * (options.config.grads.accumulate_microbatches ? 1 : options.microbatches));
-  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest};
+  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest, runtime.group_stats(0)};
 }
 
 // The G chunks a single process packs from the full FP32 weight with the weight-wide amax: what the

@@ -12,7 +12,9 @@ Grads::~Grads() {
     backend_.forget(buffer.ready);
     backend_.deallocate(buffer.ptr, bytes);
   }
-  for (auto& [id, buffer] : handed_out_) backend_.deallocate(buffer.ptr, buffer.bytes);
+  for (auto& [id, buffer] : handed_out_) {
+    if (!buffer.main_grad) backend_.deallocate(buffer.ptr, buffer.bytes);
+  }
   for (Pending& pending : pending_) backend_.deallocate(pending.reduced.ptr, pending.reduced.bytes);
 }
 
@@ -51,6 +53,13 @@ bool Grads::busy(WeightId id) const {
   return false;
 }
 
+bool Grads::into_main_grad(const Weight& weight) const {
+  const int group = weight.desc.group;
+  const bool enabled = config_.into_main_grad.empty() ||
+                       (group < static_cast<int>(config_.into_main_grad.size()) && config_.into_main_grad[group]);
+  return enabled && backend_.group_size(group) == 1 && weight.valid_rows == weight.desc.rows;
+}
+
 GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   const Weight& weight = registry_.get(id);
   if (weight.desc.main_grad == nullptr && weight.valid_rows > 0) {
@@ -59,9 +68,16 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   }
   const auto held = handed_out_.find(id);
   if (held != handed_out_.end()) return GradBuffer{held->second.ptr, false};
+  const Stream rs = rs_stream(id);
+  if (init == GradInit::kUndefined && into_main_grad(weight)) {
+    // An add of an earlier buffer into this main grad may still be pending or running on `rs`.
+    if (busy(id)) apply_pending();
+    backend_.order(stream, rs);
+    handed_out_[id] = Pooled{weight.desc.main_grad, 0, 0, true};
+    return GradBuffer{weight.desc.main_grad, false};
+  }
   const std::int64_t row_bytes = weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
   const std::int64_t bytes = weight.geometry.padded_rows * row_bytes;
-  const Stream rs = rs_stream(id);
   Pooled buffer = take(bytes, rs);
   // kUndefined leaves the weight's rows to the consumer's first write; the padding rows are never
   // written by it but are reduced, so they are zeroed either way.
@@ -79,6 +95,13 @@ float* Grads::shard_of(const Weight& weight, float* full) const {
   return full + backend_.group_rank(weight.desc.group) * weight.geometry.shard_rows * weight.desc.cols;
 }
 
+void Grads::grad_ready(WeightId id, Stream rs) {
+  if (config_.grad_ready) {  // by value: the callback may run after this object is gone
+    backend_.host_callback(rs, [callback = config_.grad_ready, id] { callback(id); });
+  }
+  ++stats_.grads_ready;
+}
+
 void Grads::apply_pending() {
   for (Pending& pending : pending_) {
     const Weight& weight = registry_.get(pending.id);
@@ -87,10 +110,7 @@ void Grads::apply_pending() {
       backend_.add(rs, shard_of(weight, pending.reduced.ptr), weight.desc.main_grad,
                    weight.valid_rows * weight.desc.cols);
     }
-    if (config_.grad_ready) {  // by value: the callback may run after this object is gone
-      backend_.host_callback(rs, [callback = config_.grad_ready, id = pending.id] { callback(id); });
-    }
-    ++stats_.grads_ready;
+    grad_ready(pending.id, rs);
     give_back(pending.reduced, rs);
   }
   pending_.clear();
@@ -117,9 +137,14 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
   for (WeightId id : ids) {
     const Weight& weight = registry_.get(id);
     const Stream rs = rs_stream(id);
-    const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
     const Pooled full = handed_out_[id];
     handed_out_.erase(id);
+    if (full.main_grad) {  // the wgrads are in the main grad already (`rs` waits for them above)
+      grad_ready(id, rs);
+      ++stats_.into_main_grad;
+      continue;
+    }
+    const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
     backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, shard_of(weight, full.ptr), count);
     ++stats_.reduce_scatters;
     pending_.push_back(Pending{id, full});

@@ -17,6 +17,12 @@
 // microbatch adds into it; only the last microbatch reduces (one reduce-scatter per step, at the cost
 // of holding every buffer for the whole backward). Buffers come from a pool; nothing is allocated in
 // steady state.
+//
+// On a size-1 group the reduce-scatter is the identity, so (GradsConfig::into_main_grad) a
+// GradInit::kUndefined buffer is the weight's main grad itself, handed out with overwrite = false: the
+// consumer adds its wgrad straight into it, as training without GTP does, and finalize reduces nothing
+// and adds nothing; only the grad-ready callback runs. This removes a full-size FP32 buffer's
+// reduce-scatter and add (three passes over it) per weight and step.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +37,9 @@ namespace gtp::remat {
 struct GradsConfig {
   bool accumulate_microbatches = false;
   std::function<void(WeightId)> grad_ready;  // optional; runs on the host after the main-grad add
+  // Per backend group: its kUndefined buffers are the main grads when the group has size 1. Empty:
+  // every group does. Runtime sets it from GroupConfig::grads_into_main_grad.
+  std::vector<bool> into_main_grad;
 };
 
 // What a newly handed-out buffer holds in the weight's rows.
@@ -48,6 +57,7 @@ struct GradsStats {
   std::int64_t reduce_scatters = 0;
   std::int64_t grads_ready = 0;
   std::int64_t pool_buffers = 0;
+  std::int64_t into_main_grad = 0;  // finalized grads that were added straight into the main grad
 };
 
 class Grads {
@@ -74,6 +84,7 @@ class Grads {
     float* ptr = nullptr;
     std::int64_t bytes = 0;
     Event ready = 0;  // event after its last use (on the reduce-scatter stream that used it)
+    bool main_grad = false;  // the weight's main grad handed out as its buffer: not pooled, not owned
   };
   struct Pending {
     WeightId id = kNoWeight;
@@ -84,7 +95,9 @@ class Grads {
   void give_back(Pooled buffer, Stream stream);
   Stream rs_stream(WeightId id) const;
   void apply_pending();
+  void grad_ready(WeightId id, Stream rs);  // the callback (if any) on `rs`, counted
   float* shard_of(const Weight& weight, float* full) const;
+  bool into_main_grad(const Weight& weight) const;
 
   Backend& backend_;
   const Registry& registry_;

@@ -20,7 +20,7 @@ using testing::consumer_stream;
 using testing::LoggingBackend;
 
 struct Model {
-  explicit Model(LoggingBackend& backend) : runtime(backend, RuntimeConfig{}) {}
+  explicit Model(LoggingBackend& backend, RuntimeConfig config = {}) : runtime(backend, std::move(config)) {}
 
   WeightId add(const std::string& name, int group, kernels::WireSpec wire = {kernels::WireFormat::kFP8}) {
     WeightDesc desc;
@@ -101,15 +101,19 @@ TEST(Ordering, ReduceScattersRunOnTheirOwnStreamAndARegatherNeverWaitsOnThem) {
   EXPECT_EQ(backend.find("all_reduce_max on ag0", mark), first_amax + 2) << "amax, amax, then one reduction";
 }
 
+// The buffer path (what larger groups do; a size-1 group with grads_into_main_grad off).
 TEST(Ordering, AnUndefinedGradBufferIsNotFilledButStillWaitsForItsLastReduceScatter) {
   LoggingBackend backend;
-  Model model(backend);
+  RuntimeConfig config;
+  config.grads_into_main_grad = false;
+  Model model(backend, config);
   const WeightId id = model.add("w0", 0);  // G = 1, 32 rows: no padding rows to zero
   const Stream s = consumer_stream(1);
   for (int step = 0; step < 2; ++step) {  // step 1 reuses the buffer step 0 reduce-scattered
     const int mark = static_cast<int>(backend.log.size());
     const GradBuffer buffer = model.runtime.grad_buffer(id, s, GradInit::kUndefined);
     EXPECT_TRUE(buffer.overwrite);
+    EXPECT_NE(buffer.data, model.main_grads[0].data());
     const auto handed_out = since(backend, mark);
     for (const std::string& line : handed_out) EXPECT_EQ(line.find("fill"), std::string::npos) << line;
     ASSERT_FALSE(handed_out.empty());
@@ -118,6 +122,61 @@ TEST(Ordering, AnUndefinedGradBufferIsNotFilledButStillWaitsForItsLastReduceScat
     model.runtime.finalize(&id, 1, true, s);
     model.runtime.drain(s);
   }
+  EXPECT_EQ(model.runtime.grads_stats().reduce_scatters, 2);
+  EXPECT_EQ(model.runtime.grads_stats().into_main_grad, 0);
+}
+
+// G = 1: the reduce-scatter is the identity, so the wgrad goes straight into the main grad and
+// finalize enqueues only the grad-ready callback, after the consumer's wgrad.
+TEST(Ordering, OnASizeOneGroupAnUndefinedGradBufferIsTheMainGradAndFinalizeMovesNothing) {
+  LoggingBackend backend;
+  RuntimeConfig config;
+  std::vector<WeightId> ready;
+  config.grads.grad_ready = [&ready](WeightId id) { ready.push_back(id); };
+  Model model(backend, config);
+  const WeightId id = model.add("w0", 0);
+  const Stream s = consumer_stream(1);
+  for (int step = 0; step < 2; ++step) {
+    int mark = static_cast<int>(backend.log.size());
+    const GradBuffer buffer = model.runtime.grad_buffer(id, s, GradInit::kUndefined);
+    EXPECT_EQ(buffer.data, model.main_grads[0].data());
+    EXPECT_FALSE(buffer.overwrite) << "the main grad holds earlier gradients: add into it";
+    EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"s1 waits rs0"}));
+    EXPECT_EQ(model.runtime.grad_buffer(id, s, GradInit::kUndefined).data, buffer.data);
+    mark = static_cast<int>(backend.log.size());
+    model.runtime.finalize(&id, 1, true, s);
+    EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"rs0 waits s1", "host_callback on rs0"}));
+    EXPECT_EQ(ready.size(), static_cast<std::size_t>(step + 1));
+    mark = static_cast<int>(backend.log.size());
+    model.runtime.drain(s);
+    for (const std::string& line : since(backend, mark)) EXPECT_EQ(line.find("add"), std::string::npos) << line;
+  }
+  EXPECT_EQ(model.runtime.grads_stats().reduce_scatters, 0);
+  EXPECT_EQ(model.runtime.grads_stats().into_main_grad, 2);
+  EXPECT_EQ(model.runtime.grads_stats().pool_buffers, 0) << "no FP32 buffer allocated";
+  // A zero-filled buffer (GradInit::kZero) keeps its promise: it is never the main grad.
+  const GradBuffer zeroed = model.runtime.grad_buffer(id, s);
+  EXPECT_NE(zeroed.data, model.main_grads[0].data());
+  EXPECT_FALSE(zeroed.overwrite);
+}
+
+// A zero-filled buffer's add into the main grad is deferred; a later uninitialized buffer of the same
+// weight (the main grad itself) must not be written before that add: it is enqueued first and the
+// consumer waits for it.
+TEST(Ordering, TheMainGradIsHandedOutOnlyAfterThePendingAddIntoItIsEnqueued) {
+  LoggingBackend backend;
+  Model model(backend);
+  const WeightId id = model.add("w0", 0);
+  const Stream s = consumer_stream(1);
+  model.runtime.grad_buffer(id, s);  // kZero: a pooled buffer
+  model.runtime.finalize(&id, 1, true, s);
+  const int mark = static_cast<int>(backend.log.size());
+  EXPECT_EQ(model.runtime.grad_buffer(id, s, GradInit::kUndefined).data, model.main_grads[0].data());
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"add on rs0", "s1 waits rs0"}));
+  model.runtime.finalize(&id, 1, true, s);
+  model.runtime.drain(s);
+  EXPECT_EQ(model.runtime.grads_stats().reduce_scatters, 1);
+  EXPECT_EQ(model.runtime.grads_stats().into_main_grad, 1);
 }
 
 TEST(Ordering, EachGroupHasItsOwnStreamsAndAKeySpanningGroupsJoinsTheirGatherStreams) {

@@ -54,7 +54,8 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
     GroupConfig group =
         per_group ? config.groups[g]
                   : GroupConfig{config.depth,         config.cache.budget_bytes, {},
-                                config.prefetch_batch, config.keep_gathered,      config.fill_graphs};
+                                config.prefetch_batch, config.keep_gathered,      config.fill_graphs,
+                                config.grads_into_main_grad};
     if (group.name.empty()) group.name = "group " + std::to_string(g);
     const std::string who = per_group ? group.name + " (RuntimeConfig::groups[" + std::to_string(g) + "])"
                                       : std::string("RuntimeConfig (every group)");
@@ -81,11 +82,17 @@ std::vector<GroupConfig> resolve_groups(const RuntimeConfig& config, int group_c
   return out;
 }
 
+GradsConfig grads_config(GradsConfig config, const std::vector<GroupConfig>& groups) {
+  config.into_main_grad.clear();
+  for (const GroupConfig& group : groups) config.into_main_grad.push_back(group.grads_into_main_grad);
+  return config;
+}
+
 }  // namespace
 
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
     : backend_(backend), config_(std::move(config)), groups_(resolve_groups(config_, backend.group_count())),
-      registry_(backend), grads_(backend, registry_, config_.grads), trace_(config_.trace_spans) {
+      registry_(backend), grads_(backend, registry_, grads_config(config_.grads, groups_)), trace_(config_.trace_spans) {
   for (const GroupConfig& group : groups_) {
     CacheConfig cache = config_.cache;
     cache.budget_bytes = group.budget_bytes;
@@ -627,6 +634,7 @@ std::string Runtime::stats_json() const {
                       {"prefetch_batch", group.config.prefetch_batch},
                       {"keep_gathered", group.config.keep_gathered}, {"kept", group.kept},
                       {"fill_graphs_limit", group.config.fill_graphs}, {"fill_graphs", group.fill_graphs},
+                      {"grads_into_main_grad", group.config.grads_into_main_grad},
                       {"graph_recordings", group.graph_recordings}, {"graph_fills", group.graph_fills},
                       {"kept_hits", group.kept_hits},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
@@ -637,7 +645,8 @@ std::string Runtime::stats_json() const {
                       {"prefetch_batches", group.prefetch_batches}, {"prefetched", group.prefetched}});
   }
   j["groups"] = groups;
-  j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"grads_ready", g.grads_ready},
+  j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"into_main_grad", g.into_main_grad},
+                {"grads_ready", g.grads_ready},
                 {"pool_buffers", g.pool_buffers}};
   j["memory"] = {{"allocations", m.allocations}, {"bytes_in_use", m.bytes_in_use}, {"peak_bytes", m.peak_bytes}};
   j["trace"] = {{"spans", config_.trace_spans}, {"dropped", trace_.dropped()}};

@@ -65,6 +65,11 @@ struct GroupConfig {
   // instead of an all-gather and unpack launches per fill. Fills past the limit run eagerly. Worth it
   // where host time per call matters (small weights, one weight per call); docs/remat.md, Fill graphs.
   std::int64_t fill_graphs = 0;
+  // On a size-1 group the reduce-scatter is the identity: a grad buffer asked for with
+  // GradInit::kUndefined is then the weight's main grad itself (add into it) and finalize moves
+  // nothing. false keeps the full-size buffer, its (no-op) reduce-scatter and the deferred add, as on
+  // larger groups. Inert on groups of more than one rank. docs/remat.md, Gradients.
+  bool grads_into_main_grad = true;
 };
 
 struct RuntimeConfig {
@@ -74,6 +79,7 @@ struct RuntimeConfig {
   int prefetch_batch = 1;  // every group's GroupConfig::prefetch_batch when `groups` is empty
   bool keep_gathered = false;  // every group's GroupConfig::keep_gathered when `groups` is empty
   std::int64_t fill_graphs = 0;  // every group's GroupConfig::fill_graphs when `groups` is empty
+  bool grads_into_main_grad = true;  // every group's GroupConfig::grads_into_main_grad when `groups` is empty
   CacheConfig cache;
   std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;

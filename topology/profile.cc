@@ -145,7 +145,7 @@ constexpr int64_t kMaxFillGraphs = 1 << 16;
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
   r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
-                "prefetch_batch", "keep_gathered", "fill_graphs", "memory_budget"});
+                "prefetch_batch", "keep_gathered", "fill_graphs", "grads_into_main_grad", "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
   const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
@@ -171,6 +171,7 @@ GroupSettings parse_group(const json& value, const std::string& path) {
   }
   s.keep_gathered = r.boolean("keep_gathered", false);
   s.fill_graphs = r.integer("fill_graphs", 0, 0, kMaxFillGraphs);
+  s.grads_into_main_grad = r.boolean("grads_into_main_grad", true);
   if (r.has("memory_budget")) {
     const json& budget = r.raw("memory_budget");
     if (budget.is_number_integer()) {

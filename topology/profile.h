@@ -36,6 +36,7 @@ struct GroupSettings {
   int prefetch_batch = 1;                   // due prefetches issued together (1..max(prefetch_depth, 1))
   bool keep_gathered = false;               // released weights stay gathered until their shards change
   int64_t fill_graphs = 0;                  // distinct fills kept as CUDA graphs; 0: fills run eagerly
+  bool grads_into_main_grad = true;         // size-1 groups: uninitialized grad buffers are the main grads
   int64_t memory_budget_bytes = 0;          // 0: no limit
 };
 

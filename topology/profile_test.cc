@@ -225,6 +225,17 @@ TEST(Profile, FillGraphsIsACountThatDefaultsToZero) {
   EXPECT_NE(error_of(doc).find("/groups/gtp_remat/fill_graphs: "), std::string::npos) << error_of(doc);
 }
 
+TEST(Profile, GradsIntoMainGradIsABooleanThatDefaultsToTrue) {
+  json doc = base_profile();
+  doc["groups"]["gtp_remat"] = {{"grads_into_main_grad", false}};
+  const Profile profile = parse_profile(doc, ".");
+  EXPECT_FALSE(profile.group("gtp_remat").grads_into_main_grad);
+  EXPECT_TRUE(profile.group("expt_gtp_remat").grads_into_main_grad);  // not mentioned: the default
+  doc["groups"]["gtp_remat"] = {{"grads_into_main_grad", 0}};
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/grads_into_main_grad: expected true or false"), std::string::npos)
+      << error_of(doc);
+}
+
 TEST(Profile, ClusterForms) {
   json doc = base_profile();
   doc["cluster"]["hosts"] = json::array();

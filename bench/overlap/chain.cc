@@ -64,8 +64,8 @@ gtp_bootstrap_callbacks_t one_rank_callbacks() {
 
 GtpWeights::GtpWeights(gtp_context_config_t config, int world_size, const std::string& stream_priority, int depth,
                        kernels::WireFormat wire, std::vector<LayerShape> shapes, cudaStream_t stream,
-                       bool keep_gathered, bool repack)
-    : profile_(profile_json(world_size, stream_priority, depth, wire, keep_gathered)),
+                       GroupSwitches switches, bool repack)
+    : profile_(profile_json(world_size, stream_priority, depth, wire, switches)),
       wire_(wire),
       shapes_(std::move(shapes)),
       stream_(stream),

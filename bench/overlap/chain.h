@@ -84,10 +84,10 @@ class GtpWeights : public WeightSource {
     std::int64_t count = 0;  // rows it holds (0: only padding)
   };
   // `config` is complete but for the profile, which is built here from the world size, the
-  // priority, the depth, the wire and keep_gathered (profile_json). Throws GtpError when a call fails.
+  // priority, the depth, the wire and the switches (profile_json). Throws GtpError when a call fails.
   GtpWeights(gtp_context_config_t config, int world_size, const std::string& stream_priority, int depth,
              kernels::WireFormat wire, std::vector<LayerShape> shapes, cudaStream_t stream,
-             bool keep_gathered = false, bool repack = false);
+             GroupSwitches switches = {}, bool repack = false);
   ~GtpWeights() override;
   GtpWeights(const GtpWeights&) = delete;
   GtpWeights& operator=(const GtpWeights&) = delete;

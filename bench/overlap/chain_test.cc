@@ -145,6 +145,7 @@ struct Case {
   int microbatches;
   bool keep = false;    // keep_gathered
   bool repack = false;  // re-pack between steps (GtpWeights::between_steps), as after an optimizer step
+  bool into_main_grad = true;  // grads_into_main_grad (acts at world 1 only)
 };
 
 class ChainOnHostBackend : public ::testing::TestWithParam<Case> {};
@@ -177,8 +178,10 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     config.callbacks = &callbacks;
     config.backend = GTP_BACKEND_HOST;
     config.accumulate_microbatches = o.microbatches > 1;
-    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr, param.keep,
-                   param.repack);
+    GtpWeights gtp(config, param.world, "high", param.depth, kernels::WireFormat::kBF16, shapes, nullptr,
+                   GroupSwitches{param.keep, param.into_main_grad}, param.repack);
+    // One rank with grads_into_main_grad: each wgrad buffer is the main grad, always added into.
+    const bool direct = param.world == 1 && param.into_main_grad;
     std::vector<std::vector<float>> main_grads;
     std::vector<const void*> shards;
     std::vector<float*> main_ptrs;
@@ -204,7 +207,7 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     EXPECT_EQ(ops.wrong_weights, 0) << "rank " << rank;
     // Written once per weight per step (the first microbatch; later ones add). The runtime's pool hands
     // back the previous step's reduced buffer, so a wgrad added instead of written shows in main grads.
-    EXPECT_EQ(ops.overwrites, steps * o.layers) << "rank " << rank;
+    EXPECT_EQ(ops.overwrites, direct ? 0 : steps * o.layers) << "rank " << rank;
     EXPECT_EQ(ops.marks, static_cast<int>(marks_per_step(o.layers, o.microbatches)) * steps);
     for (int l = 0; l < o.layers; ++l) {
       const std::int64_t cols = shapes[static_cast<size_t>(l)].in_features;
@@ -222,7 +225,9 @@ TEST_P(ChainOnHostBackend, WeightsExactMainGradsMatchPrefetchHits) {
     const int calls = steps * o.microbatches * 2 * o.layers;
     EXPECT_EQ(stats["materialize"]["calls"].get<int>(), calls);
     EXPECT_EQ(stats["chains"]["mismatches"].get<int>(), 0) << stats["chains"].dump();
-    EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), steps * o.layers);  // once per weight per step
+    // Once per weight per step; none when each wgrad went straight into its main grad.
+    EXPECT_EQ(stats["grads"]["reduce_scatters"].get<int>(), direct ? 0 : steps * o.layers);
+    EXPECT_EQ(stats["grads"]["into_main_grad"].get<int>(), direct ? steps * o.layers : 0);
     if (param.keep && !param.repack) {
       // Nothing re-packs between steps, so each weight is gathered once, by the recording step's first
       // forward, and every later consume reads its kept slot.
@@ -267,11 +272,13 @@ INSTANTIATE_TEST_SUITE_P(RanksDepthsAndMicrobatches, ChainOnHostBackend,
                          ::testing::Values(Case{1, 0, 1}, Case{1, 1, 1}, Case{1, 2, 1}, Case{1, 1, 2}, Case{1, 2, 3},
                                            Case{2, 0, 1}, Case{2, 1, 2}, Case{1, 1, 2, true}, Case{2, 0, 1, true},
                                            Case{2, 2, 3, true}, Case{1, 1, 2, true, true}, Case{2, 2, 3, true, true},
-                                           Case{2, 0, 1, true, true}, Case{2, 1, 2, false, true}),
+                                           Case{2, 0, 1, true, true}, Case{2, 1, 2, false, true},
+                                           Case{1, 2, 3, false, false, false}, Case{1, 1, 2, true, true, false}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            return "world" + std::to_string(info.param.world) + "_depth" +
                                   std::to_string(info.param.depth) + "_mb" + std::to_string(info.param.microbatches) +
-                                  (info.param.keep ? "_keep" : "") + (info.param.repack ? "_repack" : "");
+                                  (info.param.keep ? "_keep" : "") + (info.param.repack ? "_repack" : "") +
+                                  (info.param.into_main_grad ? "" : "_buffers");
                          });
 
 TEST(ChainSplit, PairsAreSummedByWhatTheyBracket) {

@@ -441,7 +441,8 @@ int run(const Options& o, int argc, char** argv) {
                   {"wire", gtp::kernels::to_string(wire)},
                   {"prefetch_depth", depth},
                   {"stream_priority", priority},
-                  {"keep_gathered", o.keep_gathered},
+                  {"keep_gathered", o.switches.keep_gathered},
+                  {"grads_into_main_grad", o.switches.grads_into_main_grad},
                   {"repack_every_step", o.repack},
                   {"reference", depth == 0}};
         if (!gtp_error.empty()) {
@@ -463,7 +464,7 @@ int run(const Options& o, int argc, char** argv) {
           config.accumulate_microbatches = o.microbatches > 1;
           std::vector<LayerShape> shapes;
           for (int i = 0; i < o.layers; ++i) shapes.push_back(layer_shape(o, i));
-          GtpWeights weights(config, world, priority, depth, wire, shapes, stream, o.keep_gathered, o.repack);
+          GtpWeights weights(config, world, priority, depth, wire, shapes, stream, o.switches, o.repack);
           // This rank's rows of the (same on every rank) full weights, and FP32 main grads.
           std::vector<const void*> shards;
           std::vector<float*> main_grads;
@@ -499,7 +500,7 @@ int run(const Options& o, int argc, char** argv) {
           c["targets"] = {{"exposed_le_3pct_of_step", exposed <= 0.03 * t.step}, {"step_ratio_le_1_03", ratio <= 1.03}};
           say("%-9s %-6s %-6s %5d  step %9.1f us  exposed %7.1f us (%5.2f %%)  overlap %6.2f %%  x%.3f  peak %7.1f "
               "MiB\n",
-              o.keep_gathered ? "gtp+keep" : "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth,
+              o.switches.keep_gathered ? "gtp+keep" : "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth,
               t.step, exposed,
               100.0 * exposed / t.step, overlap, ratio, t.peak_bytes / 1048576.0);
         } catch (const GtpError& e) {

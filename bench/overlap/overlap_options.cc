@@ -65,7 +65,8 @@ std::string usage() {
   return "usage: gtp-overlap-bench [--m auto|M] [--n N] [--k K] [--layers L] [--microbatches B] [--iters N] [--warmup "
          "N]\n"
          "                         [--wires bf16,fp8,mxfp8,nvfp4] [--depths 1,2] [--priorities high,normal]\n"
-         "                         [--keep-gathered off|on] [--repack off|on] [--bootstrap callbacks|ucx]\n"
+         "                         [--keep-gathered off|on] [--grads-into-main-grad on|off] [--repack off|on]\n"
+         "                         [--bootstrap callbacks|ucx]\n"
          "                         [--gather-gbps B]\n"
          "                         [--timeout-ms T] [--json PATH]\n"
          "A chain of L linear layers (weights [N,K] and [K,N] alternating, activations [M,K]), forward and\n"
@@ -75,6 +76,9 @@ std::string usage() {
          "per weight per step).\n"
          "--keep-gathered on sets the profile's keep_gathered: each weight is gathered once per step and the\n"
          "backward (and later microbatches) read it from its kept slot.\n"
+         "--grads-into-main-grad (profile grads_into_main_grad, default on) matters at G = 1 only: on, each wgrad\n"
+         "GEMM adds into its FP32 main grad (the reduce-scatter is the identity); off, it writes a grad buffer that\n"
+         "is reduce-scattered over the size-1 communicator and added into the main grad, as on G > 1.\n"
          "--repack on re-packs every weight between steps (gtp_weights_shard_updated, outside the step's\n"
          "timing), as after an optimizer step: each step gathers new weights, kept or not.\n"
          "--bootstrap callbacks runs one rank in this process; ucx reads GTP_RANK/GTP_WORLD_SIZE/GTP_ROOT_ADDR\n"
@@ -131,7 +135,12 @@ Options parse_options(int argc, const char* const* argv) {
       if (value != "on" && value != "off") {
         throw std::invalid_argument("--keep-gathered '" + value + "' is not on or off");
       }
-      o.keep_gathered = value == "on";
+      o.switches.keep_gathered = value == "on";
+    } else if (flag == "--grads-into-main-grad") {
+      if (value != "on" && value != "off") {
+        throw std::invalid_argument("--grads-into-main-grad '" + value + "' is not on or off");
+      }
+      o.switches.grads_into_main_grad = value == "on";
     } else if (flag == "--repack") {
       if (value != "on" && value != "off") throw std::invalid_argument("--repack '" + value + "' is not on or off");
       o.repack = value == "on";
@@ -232,7 +241,7 @@ Sizing choose_m(std::int64_t n, std::int64_t k, double gather_s, std::int64_t m_
 }
 
 std::string profile_json(int world_size, const std::string& stream_priority, int prefetch_depth,
-                         kernels::WireFormat wire, bool keep_gathered) {
+                         kernels::WireFormat wire, GroupSwitches switches) {
   if (world_size < 1) throw std::invalid_argument("profile_json: world_size " + std::to_string(world_size) + " < 1");
   if (stream_priority != "high" && stream_priority != "normal" && stream_priority != "low") {
     throw std::invalid_argument("profile_json: stream priority '" + stream_priority +
@@ -254,7 +263,8 @@ std::string profile_json(int world_size, const std::string& stream_priority, int
        {{"gtp_remat",
          {{"stream_priority", stream_priority},
           {"prefetch_depth", prefetch_depth},
-          {"keep_gathered", keep_gathered},
+          {"keep_gathered", switches.keep_gathered},
+          {"grads_into_main_grad", switches.grads_into_main_grad},
           {"wire_format", kernels::to_string(wire)}}}}}};
   return profile.dump();
 }

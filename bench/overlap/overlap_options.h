@@ -14,6 +14,12 @@ namespace gtp::bench::overlap {
 
 enum class Bootstrap { kCallbacks, kUcxFromEnv };
 
+// The gtp_remat group's on/off settings in the generated profile.
+struct GroupSwitches {
+  bool keep_gathered = false;        // the backward (and later microbatches) read the forward's slot
+  bool grads_into_main_grad = true;  // G = 1: the wgrad GEMM adds into the main grad, no reduce-scatter
+};
+
 struct Options {
   std::int64_t m = 0;  // activation rows (tokens); 0 = auto-size
   std::int64_t n = 8192;
@@ -26,7 +32,7 @@ struct Options {
                                             kernels::WireFormat::kMXFP8, kernels::WireFormat::kNVFP4};
   std::vector<int> depths = {1, 2};                          // depth 0 (the all-exposed reference) is always added
   std::vector<std::string> priorities = {"high", "normal"};  // profile groups.gtp_remat.stream_priority
-  bool keep_gathered = false;  // profile groups.gtp_remat.keep_gathered: the backward reads the forward's slot
+  GroupSwitches switches;      // profile groups.gtp_remat switches (--keep-gathered, --grads-into-main-grad)
   bool repack = false;         // re-pack every weight between steps (untimed), as after an optimizer step
   Bootstrap bootstrap = Bootstrap::kCallbacks;               // kCallbacks: one rank in this process
   double gather_gbps = 0;  // all-gather busbw for auto-sizing when G > 1 (GB/s); 0 = 360, NCCL's ring on H200
@@ -77,9 +83,9 @@ Sizing choose_m(std::int64_t n, std::int64_t k, double gather_s, std::int64_t m_
                 const std::function<double(std::int64_t)>& rate);
 
 // A profile for `world_size` ranks on one host (TP 1, G = world size) whose gtp_remat group has
-// the given stream priority, prefetch depth, wire format and keep_gathered. Throws
-// std::invalid_argument for an unknown priority.
+// the given stream priority, prefetch depth, wire format and switches. Throws std::invalid_argument
+// for an unknown priority.
 std::string profile_json(int world_size, const std::string& stream_priority, int prefetch_depth,
-                         kernels::WireFormat wire, bool keep_gathered = false);
+                         kernels::WireFormat wire, GroupSwitches switches = {});
 
 }  // namespace gtp::bench::overlap

@@ -39,7 +39,8 @@ TEST(OverlapOptions, DefaultsAutoSizeEveryWireTwoDepthsBothPriorities) {
   EXPECT_EQ(o.depths, (std::vector<int>{1, 2}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"high", "normal"}));
   EXPECT_EQ(o.bootstrap, Bootstrap::kCallbacks);
-  EXPECT_FALSE(o.keep_gathered);
+  EXPECT_FALSE(o.switches.keep_gathered);
+  EXPECT_TRUE(o.switches.grads_into_main_grad);
   EXPECT_FALSE(o.repack);
   EXPECT_FALSE(o.help);
 }
@@ -67,6 +68,8 @@ TEST(OverlapOptions, ParsesEveryFlag) {
                            "low",
                            "--keep-gathered",
                            "on",
+                           "--grads-into-main-grad",
+                           "off",
                            "--repack",
                            "on",
                            "--bootstrap",
@@ -87,9 +90,10 @@ TEST(OverlapOptions, ParsesEveryFlag) {
   EXPECT_EQ(o.wires, (std::vector<kernels::WireFormat>{kernels::WireFormat::kNVFP4, kernels::WireFormat::kBF16}));
   EXPECT_EQ(o.depths, (std::vector<int>{0, 3}));
   EXPECT_EQ(o.priorities, (std::vector<std::string>{"low"}));
-  EXPECT_TRUE(o.keep_gathered);
+  EXPECT_TRUE(o.switches.keep_gathered);
+  EXPECT_FALSE(o.switches.grads_into_main_grad);
   EXPECT_TRUE(o.repack);
-  EXPECT_FALSE(parse({"--keep-gathered", "off"}).keep_gathered);
+  EXPECT_FALSE(parse({"--keep-gathered", "off"}).switches.keep_gathered);
   EXPECT_EQ(o.bootstrap, Bootstrap::kUcxFromEnv);
   EXPECT_DOUBLE_EQ(o.gather_gbps, 350.5);
   EXPECT_EQ(o.timeout_ms, 5000);
@@ -189,11 +193,14 @@ TEST(OverlapProfile, ParsesWithTheGroupsPriorityDepthAndWire) {
     EXPECT_EQ(p.group("gtp_remat").prefetch_depth, 2);
     EXPECT_EQ(p.group("gtp_remat").wire_format, topology::WireFormat::kMxfp8);
     EXPECT_FALSE(p.group("gtp_remat").keep_gathered);
+    EXPECT_TRUE(p.group("gtp_remat").grads_into_main_grad);
   }
-  EXPECT_TRUE(topology::parse_profile(nlohmann::json::parse(profile_json(2, "high", 1, kernels::WireFormat::kBF16, true)),
-                                      ".")
-                  .group("gtp_remat")
-                  .keep_gathered);
+  const topology::GroupSettings switched =
+      topology::parse_profile(nlohmann::json::parse(profile_json(2, "high", 1, kernels::WireFormat::kBF16, {true, false})),
+                              ".")
+          .group("gtp_remat");
+  EXPECT_TRUE(switched.keep_gathered);
+  EXPECT_FALSE(switched.grads_into_main_grad);
   EXPECT_EQ(topology::parse_profile(nlohmann::json::parse(profile_json(1, "high", 0, kernels::WireFormat::kBF16)), ".")
                 .sizes.gtp_remat,
             1);

@@ -252,7 +252,8 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
     const int depth = depth_for(*config, profile, group);
     runtime.groups.push_back({depth, budget_for(*config, profile, group), group,
                               std::min(profile.group(group).prefetch_batch, std::max(depth, 1)),
-                              profile.group(group).keep_gathered, profile.group(group).fill_graphs});
+                              profile.group(group).keep_gathered, profile.group(group).fill_graphs,
+                              profile.group(group).grads_into_main_grad});
   }
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
   runtime.trace_spans = config->trace_spans;

@@ -119,6 +119,53 @@ void train_step(int world) {
 TEST(CAbi, TrainingStepWith2Ranks) { train_step(2); }
 TEST(CAbi, TrainingStepWith4Ranks) { train_step(4); }
 
+// G = 1: an uninitialized grad buffer is the main grad itself (the reduce-scatter is the identity) unless
+// the profile turns grads_into_main_grad off; both give the same main grad, the first with no reduce-scatter.
+TEST(CAbi, OneRankGroupHandsOutTheMainGradAsTheUninitializedGradBuffer) {
+  for (const bool into_main_grad : {true, false}) {
+    SCOPED_TRACE(into_main_grad ? "grads_into_main_grad on" : "grads_into_main_grad off");
+    on_ranks(1, [&](int, const gtp_bootstrap_callbacks_t& callbacks) {
+      const std::string profile = gtp::cabi_test::profile_with(
+          1, {{"tensor_parallel_num_weight_shards", 1}}, {{"gtp_remat", {{"grads_into_main_grad", into_main_grad}}}});
+      gtp_context_t* ctx = create(callbacks, profile.c_str(), 64);
+      ASSERT_NE(ctx, nullptr);
+      std::vector<uint16_t> shard(kRows * kCols);
+      for (int64_t i = 0; i < kRows * kCols; ++i) shard[i] = full_weight(i / kCols, i % kCols);
+      std::vector<float> main_grad(kRows * kCols, 0.5f);
+      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+      desc.name = "fc1";
+      desc.shard = shard.data();
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.main_grad = main_grad.data();
+      gtp_weight_t w{};
+      ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
+      for (int microbatch = 0; microbatch < 2; ++microbatch) {  // no accumulate_microbatches: one finalize each
+        gtp_grad_buffer_t buffer = GTP_GRAD_BUFFER_INITIALIZER;
+        ASSERT_EQ(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &buffer, nullptr), GTP_SUCCESS)
+            << gtp_last_error(ctx);
+        EXPECT_EQ(buffer.data == main_grad.data(), into_main_grad);
+        EXPECT_EQ(buffer.overwrite, into_main_grad ? 0 : 1);
+        for (int64_t i = 0; i < kRows * kCols; ++i) {
+          const float wgrad = static_cast<float>(i % 13) + microbatch;
+          buffer.data[i] = buffer.overwrite ? wgrad : buffer.data[i] + wgrad;
+        }
+        ASSERT_EQ(gtp_finalize(ctx, &w, 1, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      }
+      ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      for (int64_t i = 0; i < kRows * kCols; ++i) {
+        ASSERT_EQ(main_grad[i], 0.5f + static_cast<float>(i % 13) + static_cast<float>(i % 13) + 1.0f) << i;
+      }
+      const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
+      EXPECT_EQ(stats.at("grads").at("reduce_scatters").get<int>(), into_main_grad ? 0 : 2) << stats;
+      EXPECT_EQ(stats.at("grads").at("into_main_grad").get<int>(), into_main_grad ? 2 : 0) << stats;
+      EXPECT_EQ(stats.at("groups").at(0).at("grads_into_main_grad").get<bool>(), into_main_grad) << stats;
+      EXPECT_EQ(gtp_weight_unregister(ctx, w), GTP_SUCCESS) << gtp_last_error(ctx);
+      EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+    });
+  }
+}
+
 TEST(CAbi, ExpertGroupMaterializesEveryExpertAfterItsLeader) {
   on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks);  // no profile: G = EG = 2

@@ -106,7 +106,8 @@ def test_gradients_are_the_ring_mean_bit_exact(world):
 
 def _uninitialized_gradients(rank, world, store_dir):
     """Two steps of grad_buffer_ex without the zero-fill: each step's first call must be written (its buffer is
-    the previous step's, reused), a second call in the step is added to; the padding rows read zero."""
+    the previous step's, reused), a second call in the step is added to; the padding rows read zero. On one
+    rank the buffer is the main grad itself (the reduce-scatter is the identity): added to from the start."""
     store = gtp.FileStore(store_path(store_dir))
     with gtp.Context(store, rank, world) as ctx:
         g = ctx.geometry(ROWS, COLS)
@@ -118,11 +119,16 @@ def _uninitialized_gradients(rank, world, store_dir):
         steps = []
         for _ in range(2):
             first = ctx.grad_buffer_ex(w)
-            assert first.overwrite
-            padded = gtp.host_array(first.address, (g.shard_rows * world, COLS), np.float32)
-            assert not padded[ROWS:].any(), "padding rows must be zero"
             written, added = (rng.standard_normal((ROWS, COLS)).astype(np.float32) for _ in range(2))
-            padded[:ROWS] = written
+            if world == 1:
+                assert first.address == main_grad.ctypes.data and not first.overwrite
+                padded = main_grad
+                padded += written
+            else:
+                assert first.overwrite
+                padded = gtp.host_array(first.address, (g.shard_rows * world, COLS), np.float32)
+                assert not padded[ROWS:].any(), "padding rows must be zero"
+                padded[:ROWS] = written
             again = ctx.grad_buffer_ex(w)
             assert again.address == first.address and not again.overwrite
             padded[:ROWS] += added

@@ -1,6 +1,7 @@
 // The runtime on the CUDA backend with a size-1 NCCL group, end to end: register, re-pack,
 // materialize (bit-identical to the shard), gradients into the main grad (also an undefined grad buffer
-// over poisoned memory: padding rows zeroed, rows written by the consumer); the GEMM-ready layout of
+// over poisoned memory: padding rows zeroed, rows written by the consumer; on this size-1 group, by
+// default, the main grad itself as the buffer); the GEMM-ready layout of
 // every wire format (unpack_gemm_cuda) and a key of many quantized weights (one unpack_many per wire)
 // against the CPU reference; the side streams per role and the communicator per role; batched
 // size-1 all-gathers, eagerly and under graph capture. The argument checks run anywhere; the rest
@@ -9,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -242,7 +244,9 @@ TEST(CudaBackend, UndefinedGradBufferZeroesOnlyItsPaddingRowsAndIsWrittenByTheCo
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   SizeOneGroup group;
   PoisoningCudaBackend backend(0, group.groups(), milliseconds(30000));
-  Runtime runtime(backend, RuntimeConfig{});
+  RuntimeConfig config;
+  config.grads_into_main_grad = false;  // the buffer path of larger groups, on this size-1 group
+  Runtime runtime(backend, config);
   const std::int64_t rows = 40, cols = 64;  // BF16, G = 1: 48 padded rows
   std::vector<std::uint16_t> host(rows * cols, 0x3F80);
   void* shard = nullptr;
@@ -283,6 +287,61 @@ TEST(CudaBackend, UndefinedGradBufferZeroesOnlyItsPaddingRowsAndIsWrittenByTheCo
   ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
   for (float g : grads) ASSERT_EQ(g, 3.0f);
   cudaStreamDestroy(stream);
+  cudaFree(shard);
+  cudaFree(main_grad);
+}
+
+// Size-1 group, grads_into_main_grad (the default): the buffer is the main grad, the consumer's adds on
+// its stream accumulate there over steps, and finalize moves nothing; the grad-ready callback runs
+// after the consumer's add, on the reduce-scatter stream.
+TEST(CudaBackend, UndefinedGradBufferOfASizeOneGroupIsTheMainGrad) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
+  std::atomic<int> ready{0};
+  RuntimeConfig config;
+  config.grads.grad_ready = [&ready](WeightId) { ++ready; };
+  Runtime runtime(backend, config);
+  const std::int64_t rows = 40, cols = 64;
+  std::vector<std::uint16_t> host(rows * cols, 0x3F80);
+  void* shard = nullptr;
+  float* main_grad = nullptr;
+  float* ones = nullptr;
+  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&main_grad), rows * cols * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&ones), rows * cols * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  const std::vector<float> ones_host(rows * cols, 1.0f), half(rows * cols, 0.5f);
+  ASSERT_EQ(cudaMemcpy(ones, ones_host.data(), rows * cols * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(main_grad, half.data(), rows * cols * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  WeightDesc desc;
+  desc.name = "w";
+  desc.shard = shard;
+  desc.rows = rows;
+  desc.cols = cols;
+  desc.main_grad = main_grad;
+  const WeightId id = runtime.register_weight(desc);
+  runtime.shard_updated(&id, 1, stream);
+  for (int step = 0; step < 3; ++step) {
+    const GradBuffer grad = runtime.grad_buffer(id, stream, GradInit::kUndefined);
+    EXPECT_EQ(grad.data, main_grad);
+    EXPECT_FALSE(grad.overwrite);
+    backend.add(stream, ones, grad.data, rows * cols);  // the consumer's wgrad, added (beta = 1)
+    runtime.finalize(&id, 1, true, stream);
+    runtime.drain(stream);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(ready.load(), 3);
+  EXPECT_EQ(runtime.grads_stats().reduce_scatters, 0);
+  EXPECT_EQ(runtime.grads_stats().pool_buffers, 0);
+  std::vector<float> grads(rows * cols);
+  ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (float g : grads) ASSERT_EQ(g, 3.5f);
+  cudaStreamDestroy(stream);
+  cudaFree(ones);
   cudaFree(shard);
   cudaFree(main_grad);
 }

@@ -226,7 +226,9 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
  * newly handed out is not zero-filled (the fill writes the whole FP32 buffer once per weight per step);
  * its rows x cols hold garbage and `overwrite` is set: the wgrad must be WRITTEN (a GEMM with beta = 0).
  * With `overwrite` 0 (the buffer was already handed out, e.g. an earlier microbatch under
- * accumulate_microbatches, or the flag is absent) the wgrad is ADDED (beta = 1). */
+ * accumulate_microbatches, or the flag is absent) the wgrad is ADDED (beta = 1). On a group of one rank
+ * (profile groups.<g>.grads_into_main_grad, default true) the uninitialized buffer is the main grad
+ * itself with `overwrite` 0: add into it; gtp_finalize then moves nothing. Always honour `overwrite`. */
 #define GTP_GRAD_BUFFER_UNINITIALIZED 1u
 
 typedef struct {

@@ -81,13 +81,14 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   Pooled buffer = take(bytes, rs);
   // kUndefined leaves the weight's rows to the consumer's first write; the padding rows are never
   // written by it but are reduced, so they are zeroed either way.
-  const std::int64_t first_filled = init == GradInit::kZero ? 0 : weight.desc.rows;
+  const bool zeroed = init == GradInit::kZero;
+  const std::int64_t first_filled = zeroed ? 0 : weight.desc.rows;
   if (first_filled < weight.geometry.padded_rows) {
     backend_.fill(rs, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
   }
   backend_.order(stream, rs);  // with no fill too: the consumer writes only after the buffer's last reduce-scatter read it
   handed_out_[id] = buffer;
-  return GradBuffer{buffer.ptr, init == GradInit::kUndefined};
+  return GradBuffer{buffer.ptr, !zeroed};
 }
 
 // This rank's reduced rows in a grad buffer of `weight`.

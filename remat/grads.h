@@ -42,12 +42,14 @@ struct GradsConfig {
   std::vector<bool> into_main_grad;
 };
 
-// What a newly handed-out buffer holds in the weight's rows.
-enum class GradInit { kZero, kUndefined };
+// What a newly handed-out buffer holds in the weight's rows. kUndefined may be the main grad itself
+// (GradsConfig::into_main_grad); kUndefinedSeparate never is, for a consumer that can only write.
+enum class GradInit { kZero, kUndefined, kUndefinedSeparate };
 
 // `overwrite`: the rows hold garbage and the consumer must write (not add) its wgrad; true only for a
-// buffer just handed out with GradInit::kUndefined. A buffer already handed out (the microbatches of
-// accumulate_microbatches) and every kZero buffer are added into.
+// buffer of libgtp's own just handed out with GradInit::kUndefined or kUndefinedSeparate. A buffer
+// already handed out (the microbatches of accumulate_microbatches), the main grad and every kZero
+// buffer are added into.
 struct GradBuffer {
   float* data = nullptr;
   bool overwrite = false;

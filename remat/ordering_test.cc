@@ -158,6 +158,17 @@ TEST(Ordering, OnASizeOneGroupAnUndefinedGradBufferIsTheMainGradAndFinalizeMoves
   const GradBuffer zeroed = model.runtime.grad_buffer(id, s);
   EXPECT_NE(zeroed.data, model.main_grads[0].data());
   EXPECT_FALSE(zeroed.overwrite);
+  model.runtime.finalize(&id, 1, true, s);
+  model.runtime.drain(s);
+  // Nor is a kUndefinedSeparate one (a consumer that can only write): the buffer path, reduced and added.
+  const GradBuffer separate = model.runtime.grad_buffer(id, s, GradInit::kUndefinedSeparate);
+  EXPECT_NE(separate.data, model.main_grads[0].data());
+  EXPECT_TRUE(separate.overwrite);
+  model.runtime.finalize(&id, 1, true, s);
+  int mark = static_cast<int>(backend.log.size());
+  model.runtime.drain(s);
+  EXPECT_EQ(since(backend, mark).front(), "add on rs0");
+  EXPECT_EQ(model.runtime.grads_stats().reduce_scatters, 2);
 }
 
 // A zero-filled buffer's add into the main grad is deferred; a later uninitialized buffer of the same

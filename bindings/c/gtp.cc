@@ -411,16 +411,23 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
 gtp_status_t gtp_grad_buffer_ex(gtp_context_t* ctx, gtp_weight_t w, uint32_t flags, gtp_grad_buffer_t* out,
                                 cudaStream_t stream) {
   return on_context(ctx, "gtp_grad_buffer_ex", [&] {
-    if ((flags & ~GTP_GRAD_BUFFER_UNINITIALIZED) != 0) {
-      require(false, "flags " + std::to_string(flags) + " has unknown bits " +
-                         std::to_string(flags & ~GTP_GRAD_BUFFER_UNINITIALIZED) +
-                         "; use 0 or GTP_GRAD_BUFFER_UNINITIALIZED");
+    constexpr uint32_t kKnown = GTP_GRAD_BUFFER_UNINITIALIZED | GTP_GRAD_BUFFER_SEPARATE;
+    if ((flags & ~kKnown) != 0) {
+      require(false, "flags " + std::to_string(flags) + " has unknown bits " + std::to_string(flags & ~kKnown) +
+                         "; use 0 or GTP_GRAD_BUFFER_UNINITIALIZED, optionally | GTP_GRAD_BUFFER_SEPARATE");
     }
+    // A zero-filled buffer is never the main grad: SEPARATE alone would ask for nothing.
+    require((flags & GTP_GRAD_BUFFER_SEPARATE) == 0 || (flags & GTP_GRAD_BUFFER_UNINITIALIZED) != 0,
+            "flags " + std::to_string(flags) +
+                " has GTP_GRAD_BUFFER_SEPARATE without GTP_GRAD_BUFFER_UNINITIALIZED; zero-filled buffers are "
+                "always separate: pass GTP_GRAD_BUFFER_UNINITIALIZED | GTP_GRAD_BUFFER_SEPARATE, or 0");
     require(out != nullptr, "out is NULL; pass a gtp_grad_buffer_t from GTP_GRAD_BUFFER_INITIALIZER");
     check_struct_size(out->struct_size, sizeof(gtp_grad_buffer_t), "gtp_grad_buffer_t");
-    const gtp::remat::GradBuffer buffer = ctx->runtime->grad_buffer(
-        id_of(*ctx, w), stream,
-        (flags & GTP_GRAD_BUFFER_UNINITIALIZED) != 0 ? gtp::remat::GradInit::kUndefined : gtp::remat::GradInit::kZero);
+    using gtp::remat::GradInit;
+    const GradInit init = (flags & GTP_GRAD_BUFFER_UNINITIALIZED) == 0 ? GradInit::kZero
+                          : (flags & GTP_GRAD_BUFFER_SEPARATE) != 0  ? GradInit::kUndefinedSeparate
+                                                                     : GradInit::kUndefined;
+    const gtp::remat::GradBuffer buffer = ctx->runtime->grad_buffer(id_of(*ctx, w), stream, init);
     out->data = buffer.data;
     out->overwrite = buffer.overwrite ? 1 : 0;
   });

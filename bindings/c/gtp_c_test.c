@@ -117,8 +117,10 @@ int main(void) {
   {
     gtp_grad_buffer_t first = GTP_GRAD_BUFFER_INITIALIZER, again = GTP_GRAD_BUFFER_INITIALIZER;
     float* const untouched = first.data;
-    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, 2u, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
-    CHECK(strstr(gtp_last_error(ctx), "unknown bits 2") != NULL);
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, 4u, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+    CHECK(strstr(gtp_last_error(ctx), "unknown bits 4") != NULL);
+    CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_SEPARATE, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
+    CHECK(strstr(gtp_last_error(ctx), "without GTP_GRAD_BUFFER_UNINITIALIZED") != NULL);
     CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, NULL, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);
     first.struct_size -= 1;
     CHECK_STATUS(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &first, NULL), GTP_ERROR_INVALID_ARGUMENT, ctx);

@@ -120,13 +120,22 @@ TEST(CAbi, TrainingStepWith2Ranks) { train_step(2); }
 TEST(CAbi, TrainingStepWith4Ranks) { train_step(4); }
 
 // G = 1: an uninitialized grad buffer is the main grad itself (the reduce-scatter is the identity) unless
-// the profile turns grads_into_main_grad off; both give the same main grad, the first with no reduce-scatter.
+// the profile turns grads_into_main_grad off or the call asks for a separate buffer; all give the same
+// main grad, the first with no reduce-scatter.
 TEST(CAbi, OneRankGroupHandsOutTheMainGradAsTheUninitializedGradBuffer) {
-  for (const bool into_main_grad : {true, false}) {
-    SCOPED_TRACE(into_main_grad ? "grads_into_main_grad on" : "grads_into_main_grad off");
+  struct Case {
+    bool profile_into_main_grad;
+    uint32_t flags;
+  };
+  for (const Case c : {Case{true, GTP_GRAD_BUFFER_UNINITIALIZED}, Case{false, GTP_GRAD_BUFFER_UNINITIALIZED},
+                       Case{true, GTP_GRAD_BUFFER_UNINITIALIZED | GTP_GRAD_BUFFER_SEPARATE}}) {
+    const bool into_main_grad = c.profile_into_main_grad && (c.flags & GTP_GRAD_BUFFER_SEPARATE) == 0;
+    SCOPED_TRACE("grads_into_main_grad " + std::to_string(c.profile_into_main_grad) + ", flags " +
+                 std::to_string(c.flags));
     on_ranks(1, [&](int, const gtp_bootstrap_callbacks_t& callbacks) {
       const std::string profile = gtp::cabi_test::profile_with(
-          1, {{"tensor_parallel_num_weight_shards", 1}}, {{"gtp_remat", {{"grads_into_main_grad", into_main_grad}}}});
+          1, {{"tensor_parallel_num_weight_shards", 1}},
+          {{"gtp_remat", {{"grads_into_main_grad", c.profile_into_main_grad}}}});
       gtp_context_t* ctx = create(callbacks, profile.c_str(), 64);
       ASSERT_NE(ctx, nullptr);
       std::vector<uint16_t> shard(kRows * kCols);
@@ -142,7 +151,7 @@ TEST(CAbi, OneRankGroupHandsOutTheMainGradAsTheUninitializedGradBuffer) {
       ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
       for (int microbatch = 0; microbatch < 2; ++microbatch) {  // no accumulate_microbatches: one finalize each
         gtp_grad_buffer_t buffer = GTP_GRAD_BUFFER_INITIALIZER;
-        ASSERT_EQ(gtp_grad_buffer_ex(ctx, w, GTP_GRAD_BUFFER_UNINITIALIZED, &buffer, nullptr), GTP_SUCCESS)
+        ASSERT_EQ(gtp_grad_buffer_ex(ctx, w, c.flags, &buffer, nullptr), GTP_SUCCESS)
             << gtp_last_error(ctx);
         EXPECT_EQ(buffer.data == main_grad.data(), into_main_grad);
         EXPECT_EQ(buffer.overwrite, into_main_grad ? 0 : 1);
@@ -159,7 +168,7 @@ TEST(CAbi, OneRankGroupHandsOutTheMainGradAsTheUninitializedGradBuffer) {
       const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
       EXPECT_EQ(stats.at("grads").at("reduce_scatters").get<int>(), into_main_grad ? 0 : 2) << stats;
       EXPECT_EQ(stats.at("grads").at("into_main_grad").get<int>(), into_main_grad ? 2 : 0) << stats;
-      EXPECT_EQ(stats.at("groups").at(0).at("grads_into_main_grad").get<bool>(), into_main_grad) << stats;
+      EXPECT_EQ(stats.at("groups").at(0).at("grads_into_main_grad").get<bool>(), c.profile_into_main_grad) << stats;
       EXPECT_EQ(gtp_weight_unregister(ctx, w), GTP_SUCCESS) << gtp_last_error(ctx);
       EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
     });
@@ -219,11 +228,12 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.6 but this libgtp is 0.5");
+                   "compiled against gtp.h 0.7 but this libgtp is 0.6");
+  // 0.6 lets a size-1 group hand out the main grad as the uninitialized grad buffer
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version -= 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.4 but this libgtp is 0.5");  // 0.5 added gemm_scale_layout
+                   "compiled against gtp.h 0.5 but this libgtp is 0.6");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 10000; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 1.5");
+                   "compiled against gtp.h 1.6");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.timeout_ms = 0; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "timeout_ms");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = static_cast<gtp_backend_t>(9); }),

@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 5, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 6, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -90,6 +90,7 @@ class gtp_weight_desc_t(ctypes.Structure):
 
 # gtp_grad_buffer_ex flags (since 0.4)
 GRAD_BUFFER_UNINITIALIZED = 1
+GRAD_BUFFER_SEPARATE = 2  # since 0.6
 
 
 class gtp_grad_buffer_t(ctypes.Structure):

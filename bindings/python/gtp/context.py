@@ -477,12 +477,16 @@ class Context:
         self._call("gtp_grad_buffer", weight.handle, ctypes.byref(out), _stream(stream))
         return ctypes.cast(out, ctypes.c_void_p).value
 
-    def grad_buffer_ex(self, weight, uninitialized=True, stream=None):
+    def grad_buffer_ex(self, weight, uninitialized=True, stream=None, separate=False):
         """gtp_grad_buffer_ex: grad_buffer without the zero-fill (uninitialized=True). Returns a
-        GradBuffer; write the wgrad when .overwrite (e.g. torch.mm(..., out=)), else add it."""
+        GradBuffer; write the wgrad when .overwrite (e.g. torch.mm(..., out=)), else add it. On a one-rank
+        group the buffer is the main grad itself (add into it) unless separate=True
+        (GTP_GRAD_BUFFER_SEPARATE: libgtp's own buffer, for a wgrad that can only be written)."""
+        if separate and not uninitialized:
+            raise ValueError("separate=True needs uninitialized=True: zero-filled buffers are always separate")
         out = _lib.gtp_grad_buffer_t()
         out.struct_size = ctypes.sizeof(_lib.gtp_grad_buffer_t)
-        flags = _lib.GRAD_BUFFER_UNINITIALIZED if uninitialized else 0
+        flags = (_lib.GRAD_BUFFER_UNINITIALIZED if uninitialized else 0) | (_lib.GRAD_BUFFER_SEPARATE if separate else 0)
         self._call("gtp_grad_buffer_ex", weight.handle, flags, ctypes.byref(out), _stream(stream))
         return GradBuffer(out.data, bool(out.overwrite))
 

@@ -136,14 +136,17 @@ def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulat
             targets = []
             for microbatch, value in enumerate((2.0, 3.0)):
                 target = w.grad_buffer()
+                held, _ = w.wgrad_buffer(separate=True)
+                # libgtp's buffer itself (no scratch) unless it holds an earlier microbatch
+                assert (target.data_ptr() == held.data_ptr()) == (microbatch == 0 or not accumulate)
                 target.fill_(value)  # TE's GEMM with accumulate=False: whatever was there is gone
                 targets.append(target.data_ptr())
                 w.finalize_group_grads(last_microbatch=microbatch == 1)
             ctx.drain()
             assert bool((w.grad == 5.0).all()), (accumulate, w.grad)
-            # One rank: the buffer is the main grad (no reduce-scatter); TE's written wgrad lands in a scratch
-            # tensor that finalize adds into it.
-            assert ctx.stats()["grads"]["into_main_grad"] == (1 if accumulate else 2)
+            # TE's grad_buffer() asks for a separate buffer: libgtp's own, reduced, even on one rank
+            assert ctx.stats()["grads"]["reduce_scatters"] == (1 if accumulate else 2)
+            assert ctx.stats()["grads"]["into_main_grad"] == 0
             if accumulate:
                 assert targets[0] != targets[1], "the held buffer was handed out to be overwritten"
 

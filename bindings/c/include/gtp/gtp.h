@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 5
+#define GTP_VERSION_MINOR 6
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
@@ -230,6 +230,11 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
  * (profile groups.<g>.grads_into_main_grad, default true) the uninitialized buffer is the main grad
  * itself with `overwrite` 0: add into it; gtp_finalize then moves nothing. Always honour `overwrite`. */
 #define GTP_GRAD_BUFFER_UNINITIALIZED 1u
+/* Since 0.6. With GTP_GRAD_BUFFER_UNINITIALIZED: never the main grad, a buffer of libgtp's own on a
+ * size-1 group too, for a consumer that can only WRITE its wgrad (TE's grad_buffer protocol); its first
+ * handout then has `overwrite` set as on larger groups, and finalize reduces it and adds it into the main
+ * grad on the side stream. Larger groups' buffers are always libgtp's own. */
+#define GTP_GRAD_BUFFER_SEPARATE 2u
 
 typedef struct {
   size_t struct_size; /* sizeof(gtp_grad_buffer_t) */

@@ -88,19 +88,23 @@ class ShardedParameter(torch.nn.Parameter):
         contents are undefined. Normally libgtp's grad buffer itself, handed out without the zero-fill
         TE's overwrite would make useless. When this weight's buffer is already held (an earlier
         microbatch under accumulate_microbatches), overwriting it would lose that microbatch: a scratch
-        tensor is handed out instead and finalize_group_grads adds it into the buffer. Repeated calls
+        tensor is handed out instead and finalize_group_grads adds it into the buffer. Asked for as a
+        separate buffer, so that on a one-rank group too it is libgtp's own, not the main grad (which a
+        written wgrad could only reach through a scratch and an add on this stream). Repeated calls
         before finalize return the same tensor."""
         if self._wgrad_target is None:
-            buffer, overwrite = self.wgrad_buffer()
+            buffer, overwrite = self.wgrad_buffer(separate=True)
             self._wgrad_target = buffer if overwrite else torch.empty_like(buffer)
         return self._wgrad_target
 
-    def wgrad_buffer(self):
+    def wgrad_buffer(self, separate=False):
         """(buffer, overwrite): the grad buffer without libgtp's zero-fill. overwrite True: the buffer holds
         garbage and the wgrad must be WRITTEN into it (torch.mm(..., out=buffer)); False (already handed
-        out this step, e.g. an earlier microbatch): ADD it."""
+        out this step, e.g. an earlier microbatch, or on a one-rank group the main grad itself): ADD it.
+        separate=True never hands out the main grad (GTP_GRAD_BUFFER_SEPARATE)."""
         context = self.context
-        buffer = context.grad_buffer_ex(self.gtp_weight, uninitialized=True, stream=context.stream())
+        buffer = context.grad_buffer_ex(self.gtp_weight, uninitialized=True, stream=context.stream(),
+                                        separate=separate)
         return tensor_at(buffer.address, self.full_shape, torch.float32, context.device), buffer.overwrite
 
     def finalize_group_grads(self, wgrads=None, last_microbatch=True):

@@ -158,6 +158,26 @@ def test_uninitialized_grad_buffers_are_written_then_added_and_reduce_exactly(wo
             np.testing.assert_array_equal(steps[step][0], mean[g.row_start:g.row_start + g.valid_rows])
 
 
+def test_one_rank_grad_buffer_is_the_main_grad_unless_asked_separate(tmp_path):
+    with gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1) as ctx:
+        main_grad = np.zeros((ROWS, COLS), np.float32)
+        w = ctx.register("w", full_weight(), ROWS, COLS, main_grad=main_grad)
+        with pytest.raises(ValueError, match="separate=True needs uninitialized=True"):
+            ctx.grad_buffer_ex(w, uninitialized=False, separate=True)
+        separate = ctx.grad_buffer_ex(w, separate=True)
+        assert separate.overwrite and separate.address != main_grad.ctypes.data
+        gtp.host_array(separate.address, (ROWS, COLS), np.float32)[:] = 2.0
+        ctx.finalize([w])
+        direct = ctx.grad_buffer_ex(w)
+        assert not direct.overwrite and direct.address == main_grad.ctypes.data
+        main_grad += 1.0  # the consumer's add, after the pending add of the separate buffer was applied
+        ctx.finalize([w])
+        ctx.drain()
+        assert (main_grad == 3.0).all()
+        stats = ctx.stats()["grads"]
+        assert stats["reduce_scatters"] == 1 and stats["into_main_grad"] == 1
+
+
 def test_library_is_found_and_header_version_is_checked(tmp_path):
     assert os.path.isfile(gtp.library_path())
     with pytest.raises(gtp.VersionError) as e:

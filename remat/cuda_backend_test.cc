@@ -171,53 +171,78 @@ TEST(CudaBackend, ReduceScatterCommunicatorOverOtherRanksIsRefused) {
   }));
 }
 
+// A 40 x 64 BF16 weight on the device: its shard holding `host`, an FP32 main grad filled with
+// `main_grad_value`, and a non-blocking stream; registered with register_in, freed with the test.
+struct DeviceWeight {
+  static constexpr std::int64_t kRows = 40, kCols = 64;  // BF16, G = 1: 48 padded rows
+  explicit DeviceWeight(std::vector<std::uint16_t> shard_values, float main_grad_value = 0.0f)
+      : host(std::move(shard_values)) {
+    must(cudaMalloc(&shard, host.size() * 2));
+    must(cudaMalloc(reinterpret_cast<void**>(&main_grad), kRows * kCols * sizeof(float)));
+    must(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    const std::vector<float> initial(kRows * kCols, main_grad_value);
+    must(cudaMemcpy(main_grad, initial.data(), initial.size() * sizeof(float), cudaMemcpyHostToDevice));
+    must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  ~DeviceWeight() {
+    cudaStreamDestroy(stream);
+    cudaFree(shard);
+    cudaFree(main_grad);
+  }
+  DeviceWeight(const DeviceWeight&) = delete;
+  DeviceWeight& operator=(const DeviceWeight&) = delete;
+
+  WeightId register_in(Runtime& runtime) const {
+    WeightDesc desc;
+    desc.name = "w";
+    desc.shard = shard;
+    desc.rows = kRows;
+    desc.cols = kCols;
+    desc.main_grad = main_grad;
+    return runtime.register_weight(desc);
+  }
+  std::vector<float> main_grad_on_host() const {
+    std::vector<float> out(kRows * kCols);
+    must(cudaMemcpy(out.data(), main_grad, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+  }
+  static void must(cudaError_t status) {
+    if (status != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + cudaGetErrorString(status));
+  }
+
+  std::vector<std::uint16_t> host;
+  void* shard = nullptr;
+  float* main_grad = nullptr;
+  cudaStream_t stream = nullptr;
+};
+
 TEST(CudaBackend, SizeOneNcclGroupEndToEnd) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   SizeOneGroup group;
   CudaBackend backend(0, group.groups(), milliseconds(30000));
   Runtime runtime(backend, RuntimeConfig{});
-
-  const std::int64_t rows = 40, cols = 64;
-  std::vector<std::uint16_t> host(rows * cols);
-  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::uint16_t>(0x3C00 + (i % 512));
-  void* shard = nullptr;
-  float* main_grad = nullptr;
-  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&main_grad), rows * cols * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(main_grad, 0, rows * cols * sizeof(float)), cudaSuccess);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-
-  WeightDesc desc;
-  desc.name = "w";
-  desc.shard = shard;
-  desc.rows = rows;
-  desc.cols = cols;
-  desc.main_grad = main_grad;
-  const WeightId id = runtime.register_weight(desc);
+  std::vector<std::uint16_t> values(DeviceWeight::kRows * DeviceWeight::kCols);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<std::uint16_t>(0x3C00 + (i % 512));
+  const DeviceWeight weight(values);
+  const cudaStream_t stream = weight.stream;
+  const WeightId id = weight.register_in(runtime);
   runtime.shard_updated(&id, 1, stream);
   for (int step = 0; step < 3; ++step) {
     const auto out = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, stream);
-    std::vector<std::uint16_t> got(host.size());
+    std::vector<std::uint16_t> got(values.size());
     ASSERT_EQ(cudaMemcpyAsync(got.data(), out[0], got.size() * 2, cudaMemcpyDeviceToHost, stream), cudaSuccess);
     runtime.release(&id, 1, stream);
-    float* grad = runtime.grad_buffer(id, stream).data;
-    std::vector<float> ones(rows * cols, 1.0f);
+    float* grad = runtime.grad_buffer(id, stream).data;  // zero-filled: add
+    std::vector<float> ones(values.size(), 1.0f);
     ASSERT_EQ(cudaMemcpyAsync(grad, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice, stream), cudaSuccess);
     runtime.finalize(&id, 1, true, stream);
     runtime.drain(stream);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(std::memcmp(got.data(), host.data(), host.size() * 2), 0) << "step " << step;
+    EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * 2), 0) << "step " << step;
   }
-  std::vector<float> grads(rows * cols);
-  ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  for (float g : grads) ASSERT_EQ(g, 3.0f);
+  for (float g : weight.main_grad_on_host()) ASSERT_EQ(g, 3.0f);
   EXPECT_GT(runtime.stats().prefetch_hits, 0);
-  cudaStreamDestroy(stream);
-  cudaFree(shard);
-  cudaFree(main_grad);
 }
 
 // Refills every reduced grad buffer with NaN bytes (on its stream, once its rows are dead), so a
@@ -247,23 +272,10 @@ TEST(CudaBackend, UndefinedGradBufferZeroesOnlyItsPaddingRowsAndIsWrittenByTheCo
   RuntimeConfig config;
   config.grads_into_main_grad = false;  // the buffer path of larger groups, on this size-1 group
   Runtime runtime(backend, config);
-  const std::int64_t rows = 40, cols = 64;  // BF16, G = 1: 48 padded rows
-  std::vector<std::uint16_t> host(rows * cols, 0x3F80);
-  void* shard = nullptr;
-  float* main_grad = nullptr;
-  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&main_grad), rows * cols * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemset(main_grad, 0, rows * cols * sizeof(float)), cudaSuccess);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  WeightDesc desc;
-  desc.name = "w";
-  desc.shard = shard;
-  desc.rows = rows;
-  desc.cols = cols;
-  desc.main_grad = main_grad;
-  const WeightId id = runtime.register_weight(desc);
+  const std::int64_t rows = DeviceWeight::kRows, cols = DeviceWeight::kCols;
+  const DeviceWeight weight(std::vector<std::uint16_t>(rows * cols, 0x3F80));
+  const cudaStream_t stream = weight.stream;
+  const WeightId id = weight.register_in(runtime);
   const std::int64_t padded_rows = runtime.registry().get(id).geometry.padded_rows;
   ASSERT_GT(padded_rows, rows);
   runtime.shard_updated(&id, 1, stream);
@@ -283,12 +295,7 @@ TEST(CudaBackend, UndefinedGradBufferZeroesOnlyItsPaddingRowsAndIsWrittenByTheCo
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     for (float v : padding) ASSERT_EQ(v, 0.0f) << "padding row not zeroed, step " << step;
   }
-  std::vector<float> grads(rows * cols);
-  ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  for (float g : grads) ASSERT_EQ(g, 3.0f);
-  cudaStreamDestroy(stream);
-  cudaFree(shard);
-  cudaFree(main_grad);
+  for (float g : weight.main_grad_on_host()) ASSERT_EQ(g, 3.0f);
 }
 
 // Size-1 group, grads_into_main_grad (the default): the buffer is the main grad, the consumer's adds on
@@ -303,33 +310,17 @@ TEST(CudaBackend, UndefinedGradBufferOfASizeOneGroupIsTheMainGrad) {
   RuntimeConfig config;
   config.grads.grad_ready = [&ready](WeightId) { ++ready; };
   Runtime runtime(backend, config);
-  const std::int64_t rows = 40, cols = 64;
-  std::vector<std::uint16_t> host(rows * cols, 0x3F80);
-  void* shard = nullptr;
-  float* main_grad = nullptr;
-  float* ones = nullptr;
-  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&main_grad), rows * cols * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&ones), rows * cols * sizeof(float)), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  const std::vector<float> ones_host(rows * cols, 1.0f), half(rows * cols, 0.5f);
-  ASSERT_EQ(cudaMemcpy(ones, ones_host.data(), rows * cols * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(main_grad, half.data(), rows * cols * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-  cudaStream_t stream = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  WeightDesc desc;
-  desc.name = "w";
-  desc.shard = shard;
-  desc.rows = rows;
-  desc.cols = cols;
-  desc.main_grad = main_grad;
-  const WeightId id = runtime.register_weight(desc);
+  const std::int64_t count = DeviceWeight::kRows * DeviceWeight::kCols;
+  const DeviceWeight weight(std::vector<std::uint16_t>(count, 0x3F80), 0.5f);
+  const DeviceWeight wgrad(std::vector<std::uint16_t>(count), 1.0f);  // its main grad: the wgrad, all ones
+  const cudaStream_t stream = weight.stream;
+  const WeightId id = weight.register_in(runtime);
   runtime.shard_updated(&id, 1, stream);
   for (int step = 0; step < 3; ++step) {
     const GradBuffer grad = runtime.grad_buffer(id, stream, GradInit::kUndefined);
-    EXPECT_EQ(grad.data, main_grad);
+    EXPECT_EQ(grad.data, weight.main_grad);
     EXPECT_FALSE(grad.overwrite);
-    backend.add(stream, ones, grad.data, rows * cols);  // the consumer's wgrad, added (beta = 1)
+    backend.add(stream, wgrad.main_grad, grad.data, count);  // the consumer's wgrad, added (beta = 1)
     runtime.finalize(&id, 1, true, stream);
     runtime.drain(stream);
   }
@@ -337,13 +328,7 @@ TEST(CudaBackend, UndefinedGradBufferOfASizeOneGroupIsTheMainGrad) {
   EXPECT_EQ(ready.load(), 3);
   EXPECT_EQ(runtime.grads_stats().reduce_scatters, 0);
   EXPECT_EQ(runtime.grads_stats().pool_buffers, 0);
-  std::vector<float> grads(rows * cols);
-  ASSERT_EQ(cudaMemcpy(grads.data(), main_grad, grads.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-  for (float g : grads) ASSERT_EQ(g, 3.5f);
-  cudaStreamDestroy(stream);
-  cudaFree(ones);
-  cudaFree(shard);
-  cudaFree(main_grad);
+  for (float g : weight.main_grad_on_host()) ASSERT_EQ(g, 3.5f);
 }
 
 TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {

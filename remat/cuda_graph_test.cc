@@ -1,7 +1,8 @@
 // A full training step through Runtime + CudaBackend captured into a CUDA graph and replayed: forward
 // materialize -> consumer kernel -> release, backward materialize -> grad_buffer -> wgrad add ->
 // release -> finalize, drain. Two eager warm-up steps, one captured step, then replays; every step
-// re-packs new shards (eagerly, between replays) and feeds new inputs. Asserts that outputs and main
+// re-packs new shards (eagerly, between replays, in changing orders and one weight at a time: packs
+// captured in the graph read each weight's own amax slot) and feeds new inputs. Asserts that outputs and main
 // grads equal an eager run bit for bit, that capture and replay allocate nothing, that materialized
 // addresses are stable, that captured grad-ready callbacks fire on every replay, and that the
 // runtime's stats count the capture once. Skips without a GPU.
@@ -148,13 +149,21 @@ class Model {
   int grads_ready() const { return grads_ready_.load(); }
 
   // Eager, between steps (and between replays): the optimizer's new shards, re-packed, and new inputs.
-  void prepare(int step) {
+  // The re-pack names the weights in layer order, in reverse, or one call per weight (last first).
+  enum class Repack { kInOrder, kReversed, kOneByOne };
+  void prepare(int step, Repack repack = Repack::kInOrder) {
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
     for (std::size_t l = 0; l < layers().size(); ++l) {
       const auto bytes = shard_bytes(static_cast<int>(l), step);
       CUDA_OK(cudaMemcpy(shards_[l], bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
     }
-    runtime_.shard_updated(ids_.data(), static_cast<std::int64_t>(ids_.size()), stream_);
+    std::vector<WeightId> order = ids_;
+    if (repack != Repack::kInOrder) std::reverse(order.begin(), order.end());
+    if (repack == Repack::kOneByOne) {
+      for (WeightId id : order) runtime_.shard_updated(&id, 1, stream_);
+    } else {
+      runtime_.shard_updated(order.data(), static_cast<std::int64_t>(order.size()), stream_);
+    }
     const auto x = random_vector(layers().front().cols, 1000 + step);
     const auto dy = random_vector(layers().back().rows, 2000 + step);
     CUDA_OK(cudaMemcpy(act_.front(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
@@ -298,7 +307,7 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   const int per_step = static_cast<int>(layers().size());
   for (int step = kWarmup; step < kSteps; ++step) {
     if (step > kWarmup) {
-      model.prepare(step);
+      model.prepare(step, step % 2 == 0 ? Model::Repack::kReversed : Model::Repack::kOneByOne);
       model.runtime().drain(model.stream());  // orders the launch stream after the eager re-pack
     }
     CUDA_OK(cudaGraphLaunch(exec, model.stream()));

@@ -20,7 +20,9 @@ Registry::~Registry() {
   for (std::size_t id = 0; id < weights_.size(); ++id) {
     if (live_[id]) backend_.deallocate(weights_[id].chunk, weights_[id].layout.chunk_bytes);
   }
-  backend_.deallocate(amax_scratch_, amax_bytes_);
+  for (auto& [group, array] : amax_) {
+    backend_.deallocate(array.values, array.capacity * static_cast<std::int64_t>(sizeof(float)));
+  }
 }
 
 bool Registry::contains(WeightId id) const {
@@ -40,6 +42,35 @@ Stream Registry::gather_stream(const Weight& weight) const {
 }
 
 Weight& Registry::at(WeightId id) { return const_cast<Weight&>(get(id)); }
+
+const float* Registry::amax_of(WeightId id) const {
+  const Weight& weight = get(id);
+  if (weight.amax_slot < 0) return nullptr;
+  return amax_.at(weight.desc.group).values + weight.amax_slot;
+}
+
+// A slot in the group's amax array. Growing the array keeps every value (a pack enqueued later reads
+// its weight's slot in the new array); registration is not capture-safe, so no graph holds the old one.
+std::int64_t Registry::take_amax_slot(int group) {
+  AmaxArray& array = amax_[group];
+  if (!array.free.empty()) {
+    const std::int64_t slot = array.free.back();
+    array.free.pop_back();
+    return slot;
+  }
+  if (array.used == array.capacity) {
+    const std::int64_t capacity = std::max<std::int64_t>(64, 2 * array.capacity);
+    const std::int64_t bytes = capacity * static_cast<std::int64_t>(sizeof(float));
+    auto* values = static_cast<float*>(backend_.allocate(bytes));
+    const Stream stream = backend_.side_stream(group, Role::kGather);  // where the values are written and read
+    backend_.fill(stream, values, 0, bytes);
+    if (array.used > 0) backend_.add(stream, array.values, values, array.used);
+    backend_.deallocate(array.values, array.capacity * static_cast<std::int64_t>(sizeof(float)));
+    array.values = values;
+    array.capacity = capacity;
+  }
+  return array.used++;
+}
 
 GemmPlacement gemm_placement(const kernels::WireSpec& spec, const kernels::WeightGeometry& geometry,
                              kernels::ScaleLayout scale_layout) {
@@ -106,7 +137,15 @@ WeightId Registry::add(const WeightDesc& desc) {
                                   "; register the group's experts with one gemm_scale_layout");
     }
   }
-  if (!weight.sends_from_shard) weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
+  if (needs_tensor_amax(desc.wire.format)) weight.amax_slot = take_amax_slot(desc.group);
+  if (!weight.sends_from_shard) {
+    try {
+      weight.chunk = backend_.allocate(weight.layout.chunk_bytes);
+    } catch (...) {
+      if (weight.amax_slot >= 0) amax_[desc.group].free.push_back(weight.amax_slot);
+      throw;
+    }
+  }
   const WeightId id = static_cast<WeightId>(weights_.size());
   weights_.push_back(std::move(weight));
   live_.push_back(true);
@@ -126,6 +165,7 @@ void Registry::remove(WeightId id) {
   }
   backend_.deallocate(weight.chunk, weight.layout.chunk_bytes);
   weight.chunk = nullptr;
+  if (weight.amax_slot >= 0) amax_[weight.desc.group].free.push_back(weight.amax_slot);
   live_[id] = false;
 }
 
@@ -145,15 +185,6 @@ std::vector<WeightId> Registry::expand(const WeightId* ids, std::int64_t n) cons
 
 void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream) {
   const std::vector<WeightId> all = expand(ids, n);
-  std::vector<char> updated(weights_.size(), 0);
-  for (WeightId id : all) updated[static_cast<std::size_t>(id)] = 1;
-  // Pending packs of other weights read the amax scratch this call rewrites: enqueue them first, so
-  // that the joins below order the new amax after them. (Their shards have not changed since.)
-  for (std::size_t id = 0; id < weights_.size(); ++id) {
-    if (live_[id] && !updated[id] && weights_[id].pack_pending && weights_[id].pack_amax != nullptr) {
-      pack(weights_[id]);
-    }
-  }
   std::set<int> groups;
   for (WeightId id : all) groups.insert(weights_[id].desc.group);
   // Once per optimizer step: each involved gather stream joins the optimizer's stream and every side
@@ -163,36 +194,28 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream)
     backend_.order(gather, stream);
     backend_.join_all(gather);
   }
-  // One batched amax reduction per group, groups in ascending order (the same on every rank).
-  std::map<int, std::vector<WeightId>> by_group;
-  std::int64_t amax_count = 0;
+  // Each weight's local amax into its own slot, then one reduction per group, groups in ascending
+  // order (the same on every rank), over the span of the slots written: slots follow registration,
+  // which is the same on every rank.
+  std::map<int, std::pair<std::int64_t, std::int64_t>> spans;  // group -> [first, last] slot written
   for (WeightId id : all) {
-    if (needs_tensor_amax(weights_[id].desc.wire.format)) {
-      by_group[weights_[id].desc.group].push_back(id);
-      ++amax_count;
+    Weight& weight = weights_[id];
+    if (weight.amax_slot < 0) continue;
+    float* slot = amax_.at(weight.desc.group).values + weight.amax_slot;
+    if (weight.valid_rows > 0) {
+      backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, slot);
+    } else {
+      backend_.fill(gather_stream(weight), slot, 0, sizeof(float));
+    }
+    const auto [span, fresh] = spans.try_emplace(weight.desc.group, weight.amax_slot, weight.amax_slot);
+    if (!fresh) {
+      span->second.first = std::min(span->second.first, weight.amax_slot);
+      span->second.second = std::max(span->second.second, weight.amax_slot);
     }
   }
-  // Scratch for the amax values, in backend memory (pack reads them there); grown only in warm-up.
-  const std::int64_t needed = amax_count * static_cast<std::int64_t>(sizeof(float));
-  if (needed > amax_bytes_) {
-    backend_.deallocate(amax_scratch_, amax_bytes_);
-    amax_scratch_ = static_cast<float*>(backend_.allocate(needed));
-    amax_bytes_ = needed;
-  }
-  for (WeightId id : all) weights_[id].pack_amax = nullptr;
-  float* next = amax_scratch_;
-  for (auto& [group, members] : by_group) {
-    float* values = next;
-    for (WeightId id : members) {
-      Weight& weight = weights_[id];
-      if (weight.valid_rows > 0) {
-        backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, next);
-      } else {
-        backend_.fill(gather_stream(weight), next, 0, sizeof(float));
-      }
-      weight.pack_amax = next++;
-    }
-    backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, values, next - values);
+  for (const auto& [group, span] : spans) {
+    backend_.all_reduce_max(backend_.side_stream(group, Role::kGather), group, amax_.at(group).values + span.first,
+                            span.second - span.first + 1);
   }
   for (WeightId id : all) {
     Weight& weight = weights_[id];
@@ -214,7 +237,7 @@ void Registry::pack(Weight& weight) {
   args.shard_rows = weight.geometry.shard_rows;
   args.valid_rows = weight.valid_rows;
   args.cols = weight.desc.cols;
-  args.amax = weight.pack_amax;
+  args.amax = weight.amax_slot < 0 ? nullptr : amax_.at(weight.desc.group).values + weight.amax_slot;
   args.chunk = weight.chunk;
   args.chunk_capacity = weight.layout.chunk_bytes;
   backend_.pack(gather_stream(weight), weight.desc.wire, args);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,9 @@ struct Weight {
                                         // sends_from_shard
   std::uint64_t version = 0;            // shard updates so far; 0: never packed
   bool pack_pending = false;            // the chunk is older than `version`: pack before gathering
-  const float* pack_amax = nullptr;     // while pending: the reduced amax to pack with (FP8, NVFP4)
+  // FP8, NVFP4: the weight's slot in its group's amax array (Registry::amax_of), fixed while it is
+  // registered; -1 for wires that need no tensor amax.
+  std::int64_t amax_slot = -1;
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
 
   // What this rank sends when the weight is gathered (layout.chunk_bytes).
@@ -96,9 +99,13 @@ class Registry {
   // all_reduce_max per group. Collective: every rank of each group involved calls it with the same ids
   // in the same order. The shards are read after the work enqueued so far on `stream` (the
   // optimizer's), and after every side stream's work: an in-flight reduce-scatter or a gather of
-  // another group still reading a chunk (or the shared amax scratch) is never overtaken. Pending packs
-  // of other weights that read the amax scratch are enqueued first, before it is reused.
+  // another group still reading a chunk is never overtaken.
   void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
+  // The weight's reduced tensor amax (backend memory) that its packs read; null for wires without one.
+  // Each weight has its own slot, at a fixed address while it is registered, so a pack enqueued later
+  // (lazily, or captured into a CUDA graph and replayed) reads this weight's latest amax whatever other
+  // weights were updated since, and in whatever order.
+  const float* amax_of(WeightId id) const;
   // Enqueues the weight's pending pack on its group's gather stream (nothing when it is current).
   void pack_if_pending(WeightId id);
   // From now on shard_updated packs every chunk at once (a captured step's replays gather chunks that
@@ -106,15 +113,24 @@ class Registry {
   void pack_on_update() { pack_on_update_ = true; }
 
  private:
+  // One group's amax values, a float per weight that needs one, contiguous so that a group's
+  // reduction is one all_reduce_max over the span of the updated weights' slots (the other slots in
+  // the span hold already-reduced values, which a max over ranks leaves as they are).
+  struct AmaxArray {
+    float* values = nullptr;  // backend memory
+    std::int64_t capacity = 0;
+    std::int64_t used = 0;              // slots handed out so far (the next new one)
+    std::vector<std::int64_t> free;     // slots of unregistered weights, reused first
+  };
   Weight& at(WeightId id);
   Stream gather_stream(const Weight& weight) const;
   void pack(Weight& weight);
+  std::int64_t take_amax_slot(int group);
 
   Backend& backend_;
   std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null
   std::vector<bool> live_;
-  float* amax_scratch_ = nullptr;
-  std::int64_t amax_bytes_ = 0;
+  std::map<int, AmaxArray> amax_;  // by group
   bool pack_on_update_ = false;
 };
 

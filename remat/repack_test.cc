@@ -1,10 +1,14 @@
 // Lazy re-packs on the host backend, ranks as threads over UCX: shard_updated reduces the amax and each
 // chunk is packed at its first gather after it. A weight left pending while other weights are updated
-// again keeps its own amax (its pack is enqueued before the shared scratch is reused), and every weight
-// materializes to the CPU reference of its latest shards, bit for bit.
+// again keeps its own amax (each weight has its own amax slot), and every weight materializes to the
+// CPU reference of its latest shards, bit for bit. The slots stay put whatever the order and subset of
+// later updates (a pack captured into a CUDA graph reads the same address on every replay), survive
+// the array's growth, and are reused after unregistration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -74,9 +78,9 @@ TEST(Repack, AWeightLeftPendingKeepsItsOwnAmaxWhileOthersAreUpdatedAgain) {
         runtime.release(&ids[w], 1, nullptr);
       };
       for (int w = 0; w < 3; ++w) write(w);
-      runtime.shard_updated(ids.data(), 3, nullptr);  // amax scratch: w0, w1, w2
+      runtime.shard_updated(ids.data(), 3, nullptr);
       expect_current(0, "first update");
-      // w1 and w2 are still pending; the next update takes the scratch's first places for w2 and w0.
+      // w1 and w2 are still pending while w2 and w0 are updated again, in another order.
       write(2);
       write(0);
       const WeightId again[] = {ids[2], ids[0]};
@@ -89,6 +93,97 @@ TEST(Repack, AWeightLeftPendingKeepsItsOwnAmaxWhileOthersAreUpdatedAgain) {
       EXPECT_EQ(runtime.registry().get(ids[0]).version, 2u);
     }));
   }
+}
+
+// The max over ranks of weight w's local |values| at `version` (what its amax slot must hold).
+float reduced_amax(int w, int version, std::int64_t rows_per_rank, int ranks) {
+  const std::vector<float> full = full_weight(w, version);
+  float out = 0.0f;
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(rows_per_rank * ranks, kRows) * kCols; ++i) {
+    out = std::max(out, std::fabs(full[static_cast<std::size_t>(i)]));
+  }
+  return out;
+}
+
+TEST(Repack, EachWeightKeepsItsAmaxSlotThroughUpdatesInAnyOrderGrowthAndReuse) {
+  const kernels::WireSpec spec{kernels::WireFormat::kFP8};
+  auto group = comm::ThreadBootstrap::create_group(2, kTimeout);
+  comm::internal::rethrow_first(comm::internal::run_ranks(2, [&](int rank) {
+    comm::HostComm comm(*group[rank], kTimeout);
+    HostBackend backend({&comm});
+    Runtime runtime(backend, RuntimeConfig{});
+    const auto geometry = kernels::weight_geometry(spec.format, kRows, kCols, 2);
+    const std::int64_t first = rank * geometry.shard_rows * kCols;
+    const std::int64_t valid = geometry.valid_rows(rank) * kCols;
+    constexpr int kWeights = 70;  // more than one array's first capacity (64 slots)
+    std::vector<std::vector<float>> shards(kWeights, std::vector<float>(static_cast<std::size_t>(valid)));
+    std::vector<int> versions(kWeights, 1);
+    std::vector<WeightId> ids;
+    const auto write = [&](int w, int version) {
+      versions[w] = version;
+      const std::vector<float> full = full_weight(w, version);
+      std::copy(full.begin() + first, full.begin() + first + valid, shards[w].begin());
+    };
+    const auto add = [&](int w) {
+      write(w, versions[w]);
+      WeightDesc desc;
+      desc.name = "w" + std::to_string(w);
+      desc.shard = shards[w].data();
+      desc.dtype = kernels::SourceDtype::kFP32;
+      desc.rows = kRows;
+      desc.cols = kCols;
+      desc.wire = spec;
+      return runtime.register_weight(desc);
+    };
+    const auto expect_amax = [&](int w, const std::string& when) {
+      EXPECT_EQ(*runtime.registry().amax_of(ids[w]), reduced_amax(w, versions[w], geometry.shard_rows, 2))
+          << "weight " << w << ", " << when;
+    };
+    for (int w = 0; w < 3; ++w) ids.push_back(add(w));
+    runtime.shard_updated(ids.data(), 3, nullptr);
+    std::vector<const float*> slots;
+    for (int w = 0; w < 3; ++w) slots.push_back(runtime.registry().amax_of(ids[w]));
+    for (int w = 0; w < 3; ++w) expect_amax(w, "first update");
+
+    write(2, 2);  // a subset, then every weight in reverse order: the slots stay, each with its own value
+    runtime.shard_updated(&ids[2], 1, nullptr);
+    for (int w = 0; w < 3; ++w) expect_amax(w, "w2 alone");
+    for (int w = 0; w < 3; ++w) write(w, versions[w] + 1);
+    const WeightId reversed[] = {ids[2], ids[1], ids[0]};
+    runtime.shard_updated(reversed, 3, nullptr);
+    for (int w = 0; w < 3; ++w) {
+      EXPECT_EQ(runtime.registry().amax_of(ids[w]), slots[w]) << "weight " << w << "'s amax slot moved";
+      expect_amax(w, "reversed order");
+    }
+
+    // Growth: registering past the first 64 slots moves the array but keeps every value.
+    for (int w = 3; w < kWeights; ++w) ids.push_back(add(w));
+    for (int w = 0; w < 3; ++w) expect_amax(w, "after the array grew");
+    runtime.shard_updated(&ids[kWeights - 1], 1, nullptr);
+    expect_amax(kWeights - 1, "a weight beyond the first capacity");
+
+    // An unregistered weight's slot goes to the next weight registered; the neighbours keep theirs.
+    const float* freed = runtime.registry().amax_of(ids[1]);
+    runtime.unregister_weight(ids[1]);
+    versions[1] = 7;
+    ids[1] = add(1);
+    EXPECT_EQ(runtime.registry().amax_of(ids[1]), freed);
+    runtime.shard_updated(&ids[1], 1, nullptr);
+    for (int w : {0, 1, 2}) expect_amax(w, "after the slot was reused");
+    // The weights' encodings follow: each materializes to the CPU reference of its current shards.
+    for (int w : {0, 1, 2}) {
+      const kernels::ChunkLayout layout = runtime.registry().get(ids[w]).layout;
+      const std::vector<unsigned char> chunks =
+          testing::reference_chunks(spec, full_weight(w, versions[w]), geometry, layout);
+      std::vector<std::uint16_t> expected(kRows * kCols);
+      kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), 2 * layout.chunk_bytes, geometry},
+                                expected.data(), kRows * kCols * 2);
+      const auto out = runtime.materialize(&ids[w], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+      EXPECT_EQ(std::memcmp(out[0], expected.data(), expected.size() * 2), 0) << "weight " << w;
+      runtime.release(&ids[w], 1, nullptr);
+    }
+    runtime.drain(nullptr);
+  }));
 }
 
 }  // namespace

@@ -62,4 +62,10 @@ if [ "$what" = overlap ] || [ "$what" = all ]; then
       --keep-gathered $keep --json "$out/overlap_bench_mb4_repack_keep_$keep.json" 2>&1
     echo "gtp-overlap-bench exit: $?"
   done
+  # The same with keep_gathered, the wgrads through the size-1 communicator's reduce-scatter and the
+  # deferred add instead of straight into the main grads (what the runs above do by default at G = 1).
+  echo "== gtp-overlap-bench, 4 microbatches, re-packed every step, keep_gathered on, grads into main grad off"
+  $bin/gtp-overlap-bench --microbatches 4 --wires bf16,nvfp4 --depths 2 --priorities high --repack on \
+    --keep-gathered on --grads-into-main-grad off --json "$out/overlap_bench_mb4_repack_keep_on_buffers.json" 2>&1
+  echo "gtp-overlap-bench exit: $?"
 fi

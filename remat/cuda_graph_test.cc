@@ -2,7 +2,8 @@
 // materialize -> consumer kernel -> release, backward materialize -> grad_buffer -> wgrad add ->
 // release -> finalize, drain. Two eager warm-up steps, one captured step, then replays; every step
 // re-packs new shards (eagerly, between replays, in changing orders and one weight at a time: packs
-// captured in the graph read each weight's own amax slot) and feeds new inputs. Asserts that outputs and main
+// captured in the graph read each weight's own amax slot) and feeds new inputs. Grad buffers are the
+// zero-filled pool's or, on this size-1 group, the main grads themselves (GradInit::kUndefined). Asserts that outputs and main
 // grads equal an eager run bit for bit, that capture and replay allocate nothing, that materialized
 // addresses are stable, that captured grad-ready callbacks fire on every replay, and that the
 // runtime's stats count the capture once. Skips without a GPU.
@@ -109,10 +110,13 @@ std::string first_difference(const StepResult& got, const StepResult& want) {
 }
 
 // One rank's model on the CUDA backend: device buffers and the runtime.
+// grad_init kUndefined: on this size-1 group each grad buffer is the main grad itself
+// (grads_into_main_grad), added into; kZero: the pooled buffer, its reduce-scatter and deferred add.
 class Model {
  public:
-  Model(const CudaGroup& comms, int depth, std::int64_t fill_graphs = 0)
-      : backend_(0, {comms}, milliseconds(30000)), runtime_(backend_, config(depth, fill_graphs)) {
+  Model(const CudaGroup& comms, int depth, std::int64_t fill_graphs = 0, GradInit grad_init = GradInit::kZero)
+      : backend_(0, {comms}, milliseconds(30000)), runtime_(backend_, config(depth, fill_graphs)),
+        grad_init_(grad_init) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     const int n = static_cast<int>(layers().size());
     act_.resize(n + 1);
@@ -185,7 +189,10 @@ class Model {
     for (int l = n - 1; l >= 0; --l) {
       const LayerSpec& s = layers()[l];
       const auto w = runtime_.materialize(&ids_[l], 1, Phase::kBackward, 0, Layout::kBF16, stream_);
-      float* g = runtime_.grad_buffer(ids_[l], stream_).data;
+      const GradBuffer buffer = runtime_.grad_buffer(ids_[l], stream_, grad_init_);
+      EXPECT_FALSE(buffer.overwrite);  // zero-filled, or the main grad: the kernel below adds
+      EXPECT_EQ(buffer.data == main_grads_[l], grad_init_ == GradInit::kUndefined);
+      float* g = buffer.data;
       testing::weight_grad_cuda(grad_in_[l + 1], act_[l], g, s.rows, s.cols, stream_);
       testing::input_grad_cuda(w[0], grad_in_[l + 1], grad_in_[l], s.rows, s.cols, stream_);
       runtime_.release(&ids_[l], 1, stream_);
@@ -239,17 +246,19 @@ class Model {
   std::vector<float*> main_grads_;
   std::vector<float*> act_, grad_in_;
   std::vector<WeightId> ids_;
+  GradInit grad_init_;
 };
 
 // (depth, fill graphs): with fill graphs the eager steps launch each fill as a graph captured on the
 // runtime's side stream, and the caller's captured step fills without them (inside its capture).
-class CudaGraph : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class CudaGraph : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
 
 TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   const int depth = std::get<0>(GetParam());
   const std::int64_t fill_graphs = std::get<1>(GetParam()) ? 64 : 0;
+  const GradInit grad_init = std::get<2>(GetParam()) ? GradInit::kUndefined : GradInit::kZero;
   auto bootstrap = comm::ThreadBootstrap::create_group(1, milliseconds(30000));
   comm::NcclComm nccl = comm::NcclComm::create_world(*bootstrap[0], milliseconds(30000));
   comm::NcclComm reduce_scatter = nccl.split({{0}}, {}, milliseconds(30000));
@@ -257,7 +266,7 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
 
   std::vector<StepResult> eager;  // the reference: every step (and one more) run eagerly
   {
-    Model model(comms, depth);
+    Model model(comms, depth, 0, grad_init);
     for (int step = 0; step <= kSteps; ++step) {
       model.prepare(step);
       model.step();
@@ -272,7 +281,7 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   ASSERT_TRUE(nonzero(eager.back().act.back()) && nonzero(eager.back().grad_in.front()));
   for (const auto& g : eager.back().main_grad) ASSERT_TRUE(nonzero(g));
 
-  Model model(comms, depth, fill_graphs);
+  Model model(comms, depth, fill_graphs, grad_init);
   std::vector<void*> warm_addresses;
   for (int step = 0; step < kWarmup; ++step) {
     model.prepare(step);
@@ -339,10 +348,12 @@ TEST_P(CudaGraph, CapturedStepReplaysBitExact) {
   cudaGraphDestroy(graph);
 }
 
-INSTANTIATE_TEST_SUITE_P(Depths, CudaGraph, ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+INSTANTIATE_TEST_SUITE_P(Depths, CudaGraph,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Bool(), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool, bool>>& info) {
                            return "depth" + std::to_string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_fill_graphs" : "");
+                                  (std::get<1>(info.param) ? "_fill_graphs" : "") +
+                                  (std::get<2>(info.param) ? "_into_main_grad" : "");
                          });
 
 }  // namespace

@@ -37,6 +37,31 @@ std::vector<float> full_weight(int w, int version) {
   return out;
 }
 
+// Registers weight w: an FP32 shard of the kRows x kCols weight on `spec`.
+WeightId register_weight(Runtime& runtime, int w, const float* shard, kernels::WireSpec spec) {
+  WeightDesc desc;
+  desc.name = "w" + std::to_string(w);
+  desc.shard = shard;
+  desc.dtype = kernels::SourceDtype::kFP32;
+  desc.rows = kRows;
+  desc.cols = kCols;
+  desc.wire = spec;
+  return runtime.register_weight(desc);
+}
+
+// Materializes `id` and expects the CPU reference of the full weight `full`, bit for bit.
+void expect_materializes_to(Runtime& runtime, WeightId id, kernels::WireSpec spec, const std::vector<float>& full,
+                            const kernels::WeightGeometry& geometry, const std::string& what) {
+  const kernels::ChunkLayout layout = runtime.registry().get(id).layout;
+  const std::vector<unsigned char> chunks = testing::reference_chunks(spec, full, geometry, layout);
+  std::vector<std::uint16_t> expected(kRows * kCols);
+  kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), 2 * layout.chunk_bytes, geometry},
+                            expected.data(), kRows * kCols * 2);
+  const auto out = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, nullptr);
+  EXPECT_EQ(std::memcmp(out[0], expected.data(), expected.size() * 2), 0) << what;
+  runtime.release(&id, 1, nullptr);
+}
+
 TEST(Repack, AWeightLeftPendingKeepsItsOwnAmaxWhileOthersAreUpdatedAgain) {
   for (const kernels::WireSpec spec : {kernels::WireSpec{kernels::WireFormat::kFP8},
                                        kernels::WireSpec{kernels::WireFormat::kNVFP4}}) {
@@ -52,30 +77,14 @@ TEST(Repack, AWeightLeftPendingKeepsItsOwnAmaxWhileOthersAreUpdatedAgain) {
       std::vector<std::vector<float>> shards(3, std::vector<float>(static_cast<std::size_t>(std::max<std::int64_t>(valid, 1))));
       std::vector<int> versions(3, 0);
       std::vector<WeightId> ids;
-      for (int w = 0; w < 3; ++w) {
-        WeightDesc desc;
-        desc.name = "w" + std::to_string(w);
-        desc.shard = shards[w].data();
-        desc.dtype = kernels::SourceDtype::kFP32;
-        desc.rows = kRows;
-        desc.cols = kCols;
-        desc.wire = spec;
-        ids.push_back(runtime.register_weight(desc));
-      }
+      for (int w = 0; w < 3; ++w) ids.push_back(register_weight(runtime, w, shards[w].data(), spec));
       const auto write = [&](int w) {  // the optimizer's step on weight w
         const std::vector<float> full = full_weight(w, ++versions[w]);
         std::copy(full.begin() + first, full.begin() + first + valid, shards[w].begin());
       };
       const auto expect_current = [&](int w, const std::string& when) {
-        const kernels::ChunkLayout layout = runtime.registry().get(ids[w]).layout;
-        const std::vector<unsigned char> chunks =
-            testing::reference_chunks(spec, full_weight(w, versions[w]), geometry, layout);
-        std::vector<std::uint16_t> expected(kRows * kCols);
-        kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), 2 * layout.chunk_bytes, geometry},
-                                  expected.data(), kRows * kCols * 2);
-        const auto out = runtime.materialize(&ids[w], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
-        EXPECT_EQ(std::memcmp(out[0], expected.data(), expected.size() * 2), 0) << "weight " << w << ", " << when;
-        runtime.release(&ids[w], 1, nullptr);
+        expect_materializes_to(runtime, ids[w], spec, full_weight(w, versions[w]), geometry,
+                               "weight " + std::to_string(w) + ", " + when);
       };
       for (int w = 0; w < 3; ++w) write(w);
       runtime.shard_updated(ids.data(), 3, nullptr);
@@ -126,14 +135,7 @@ TEST(Repack, EachWeightKeepsItsAmaxSlotThroughUpdatesInAnyOrderGrowthAndReuse) {
     };
     const auto add = [&](int w) {
       write(w, versions[w]);
-      WeightDesc desc;
-      desc.name = "w" + std::to_string(w);
-      desc.shard = shards[w].data();
-      desc.dtype = kernels::SourceDtype::kFP32;
-      desc.rows = kRows;
-      desc.cols = kCols;
-      desc.wire = spec;
-      return runtime.register_weight(desc);
+      return register_weight(runtime, w, shards[w].data(), spec);
     };
     const auto expect_amax = [&](int w, const std::string& when) {
       EXPECT_EQ(*runtime.registry().amax_of(ids[w]), reduced_amax(w, versions[w], geometry.shard_rows, 2))
@@ -172,15 +174,7 @@ TEST(Repack, EachWeightKeepsItsAmaxSlotThroughUpdatesInAnyOrderGrowthAndReuse) {
     for (int w : {0, 1, 2}) expect_amax(w, "after the slot was reused");
     // The weights' encodings follow: each materializes to the CPU reference of its current shards.
     for (int w : {0, 1, 2}) {
-      const kernels::ChunkLayout layout = runtime.registry().get(ids[w]).layout;
-      const std::vector<unsigned char> chunks =
-          testing::reference_chunks(spec, full_weight(w, versions[w]), geometry, layout);
-      std::vector<std::uint16_t> expected(kRows * kCols);
-      kernels::unpack_reference(spec, kernels::GatheredChunks{chunks.data(), 2 * layout.chunk_bytes, geometry},
-                                expected.data(), kRows * kCols * 2);
-      const auto out = runtime.materialize(&ids[w], 1, Phase::kForward, 0, Layout::kBF16, nullptr);
-      EXPECT_EQ(std::memcmp(out[0], expected.data(), expected.size() * 2), 0) << "weight " << w;
-      runtime.release(&ids[w], 1, nullptr);
+      expect_materializes_to(runtime, ids[w], spec, full_weight(w, versions[w]), geometry, "weight " + std::to_string(w));
     }
     runtime.drain(nullptr);
   }));

@@ -132,6 +132,61 @@ TEST(CAbiGroups, ExpertGroupOfOtherSizeThanGAndItsWireFormat) {
   });
 }
 
+// Dense G = 2 and EG = 1 on 2 ranks: an uninitialized grad buffer of an expert (a size-1 group) is its
+// main grad, added into, while the dense weight's is libgtp's own, written and reduce-scattered; the
+// main grads get the mean of the dense wgrads and each rank's own expert wgrad.
+TEST(CAbiGroups, SizeOneExpertGroupAddsIntoTheMainGradWhileTheDenseGroupReduces) {
+  const std::string profile = profile_with(
+      2, {{"tensor_parallel_num_weight_shards", 2}, {"expert_tensor_parallel_num_weight_shards", 1}});
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
+    ASSERT_EQ(gtp_context_sizes(ctx, &sizes), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(sizes.gtp_remat, 2);
+    ASSERT_EQ(sizes.expert_gtp_remat, 1);
+    const int64_t dense_rows = 32;  // 16 rows per rank, no padding
+    std::vector<uint16_t> dense_shard(16 * kCols, 0x3F80), expert_shard(kRows * kCols, 0x3F80);
+    std::vector<float> dense_main(16 * kCols, 0.0f), expert_main(kRows * kCols, 0.5f);
+    gtp_weight_desc_t dense = GTP_WEIGHT_DESC_INITIALIZER;
+    dense.name = "dense";
+    dense.shard = dense_shard.data();
+    dense.rows = dense_rows;
+    dense.cols = kCols;
+    dense.main_grad = dense_main.data();
+    gtp_weight_desc_t expert = GTP_WEIGHT_DESC_INITIALIZER;
+    expert.name = "expert";
+    expert.shard = expert_shard.data();
+    expert.rows = kRows;
+    expert.cols = kCols;
+    expert.group = GTP_GROUP_EXPERT_GTP_REMAT;
+    expert.main_grad = expert_main.data();
+    gtp_weight_t ws[2];
+    ASSERT_EQ(gtp_weight_register(ctx, &dense, &ws[0]), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_weight_register(ctx, &expert, &ws[1]), GTP_SUCCESS) << gtp_last_error(ctx);
+    gtp_grad_buffer_t buffers[2] = {GTP_GRAD_BUFFER_INITIALIZER, GTP_GRAD_BUFFER_INITIALIZER};
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(gtp_grad_buffer_ex(ctx, ws[i], GTP_GRAD_BUFFER_UNINITIALIZED, &buffers[i], nullptr), GTP_SUCCESS)
+          << gtp_last_error(ctx);
+    }
+    EXPECT_EQ(buffers[0].overwrite, 1);
+    EXPECT_NE(buffers[0].data, dense_main.data());
+    EXPECT_EQ(buffers[1].overwrite, 0);
+    EXPECT_EQ(buffers[1].data, expert_main.data());
+    const float wgrad = static_cast<float>(2 * (rank + 1));  // rank 0: 2, rank 1: 4
+    for (int64_t i = 0; i < dense_rows * kCols; ++i) buffers[0].data[i] = wgrad;
+    for (int64_t i = 0; i < kRows * kCols; ++i) buffers[1].data[i] += wgrad;
+    ASSERT_EQ(gtp_finalize(ctx, ws, 2, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    for (float g : dense_main) ASSERT_EQ(g, 3.0f);                  // the mean of 2 and 4
+    for (float g : expert_main) ASSERT_EQ(g, 0.5f + wgrad);         // this rank's own
+    const nlohmann::json stats = stats_of(ctx);
+    EXPECT_EQ(stats.at("grads").at("reduce_scatters").get<int>(), 1) << stats;
+    EXPECT_EQ(stats.at("grads").at("into_main_grad").get<int>(), 1) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 // Profile errors are found before any collective, so one rank of a 2-rank bootstrap suffices.
 // A group whose profile wire is nvfp4: FROM_GROUP with nvfp4_2d registers 16x16 tiles.
 TEST(CAbiGroups, FromGroupResolvingToNvfp4TakesThe2DBlockShape) {

@@ -178,8 +178,8 @@ TEST(CAbiGroups, SizeOneExpertGroupAddsIntoTheMainGradWhileTheDenseGroupReduces)
     for (int64_t i = 0; i < kRows * kCols; ++i) buffers[1].data[i] += wgrad;
     ASSERT_EQ(gtp_finalize(ctx, ws, 2, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
     ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
-    for (float g : dense_main) ASSERT_EQ(g, 3.0f);                  // the mean of 2 and 4
-    for (float g : expert_main) ASSERT_EQ(g, 0.5f + wgrad);         // this rank's own
+    for (float g : dense_main) ASSERT_EQ(g, 3.0f);  // the mean of 2 and 4
+    for (float g : expert_main) ASSERT_EQ(g, 0.5f + wgrad);  // this rank's own
     const nlohmann::json stats = stats_of(ctx);
     EXPECT_EQ(stats.at("grads").at("reduce_scatters").get<int>(), 1) << stats;
     EXPECT_EQ(stats.at("grads").at("into_main_grad").get<int>(), 1) << stats;

@@ -126,6 +126,10 @@ if wants extras; then
     --steps 20 --wires bf16,fp8 --fill-graphs 256 --json "$work/train_gpt_fill_graphs_g$n.json"
   timed 120 overlap_mb4_g$n $launch $bin/gtp-overlap-bench --bootstrap ucx --m "${GTP_OVERLAP_M:-auto}" \
     --microbatches 4 --wires bf16,nvfp4 --priorities high --depths 1,2 --json "$work/overlap_mb4_g$n.json"
+  # The configuration that reaches the targets on one GPU: keep_gathered, re-packed every step.
+  timed 120 overlap_mb4_keep_g$n $launch $bin/gtp-overlap-bench --bootstrap ucx --m "${GTP_OVERLAP_M:-auto}" \
+    --microbatches 4 --wires bf16,nvfp4 --priorities high --depths 2 --repack on --keep-gathered on \
+    --json "$work/overlap_mb4_keep_g$n.json"
   if [ "$n" -ge 4 ]; then
     timed 90 ag_bf16_g$half $bench all_gather $(groups "$half") -b 1M -e 4G -f 2 -n 20 -w 5 -c 0 -d bfloat16 \
       --json "$work/ag_bf16_g$half.json"

@@ -9,6 +9,7 @@ Files read (G = the group size, written by the script; a missing file is reporte
   ag_wire_{fmt}_g{G}.json                gtp-bench all_gather --format fmt: rows nccl, gtp_stream, gtp_wire
   fsdp2_g{G}.json                        bench/peers/fsdp2_allgather_peer.py: rows `fsdp2`
   overlap_g{G}.json, overlap_mb4_g{G}.json   gtp-overlap-bench under gtp-launch
+  overlap_mb4_keep_g{G}.json             the same, 4 microbatches, keep_gathered, re-packed every step
   train_gpt_g{G}.json                    train_gpt.py --backend cuda (with --reshard-to)
   train_gpt_fill_graphs_g{G}.json        train_gpt.py --backend cuda --fill-graphs (BF16, FP8)
 
@@ -114,7 +115,8 @@ def wires(folder, g):
 
 def overlap(folder, g):
     out = []
-    for name, label in ((f"overlap_g{g}.json", "B = 1"), (f"overlap_mb4_g{g}.json", "B = 4")):
+    for name, label in ((f"overlap_g{g}.json", "B = 1"), (f"overlap_mb4_g{g}.json", "B = 4"),
+                        (f"overlap_mb4_keep_g{g}.json", "B = 4, keep_gathered")):
         doc = load(folder, name)
         if doc is None:
             out.append({"file": name, "microbatches": label, "group_size": g, "run": False})

@@ -63,6 +63,7 @@ class SummaryTest(unittest.TestCase):
             overlap_config("bf16", 0, 30.0, 1.3, reference=True),
             overlap_config("bf16", 1, 2.5, 1.02), overlap_config("nvfp4", 1, 4.0, 1.02),
             overlap_config("fp8", 1, 0, 0, error="gtp_materialize: timed out")]})
+        self.write("overlap_mb4_keep_g8.json", {"configs": [overlap_config("bf16", 2, 1.5, 1.025)]})
         self.write("train_gpt_g8.json", {
             "parity_ok": True, "loss_decreased": True,
             "runs": {"off": {"last_loss": 1.5, "seconds_per_step": 0.02},
@@ -105,14 +106,15 @@ class SummaryTest(unittest.TestCase):
         self.assertAlmostEqual(wires[("fp8", 256 * MIB)]["vs_fsdp2"], 4.0)
         self.assertNotIn("vs_fsdp2", wires[("fp8", 1024 * MIB)])
         gtp = [e for e in s["overlap"] if e["run"]]
-        self.assertEqual([(e["wire"], e.get("target_met")) for e in gtp],
-                         [("bf16", True), ("nvfp4", False), ("fp8", None)], "reference and resident rows skipped")
+        self.assertEqual([(e["microbatches"], e["wire"], e.get("target_met")) for e in gtp],
+                         [("B = 1", "bf16", True), ("B = 1", "nvfp4", False), ("B = 1", "fp8", None),
+                          ("B = 4, keep_gathered", "bf16", True)], "reference and resident rows skipped")
         self.assertEqual(gtp[2]["error"], "gtp_materialize: timed out")
         self.assertEqual(s["training"][0]["reshard"]["to_g"], 4)
         fills = {r["run"]: r["target_met"] for r in s["fill_graphs"][0]["runs"]}
         self.assertEqual(fills, {"bf16": True, "fp8": False}, "no graph fill is a miss")
         self.assertEqual(s["verdicts"], {"busbw": {"met": 3, "measured": 4}, "wire": {"met": 2, "measured": 3},
-                                         "overlap": {"met": 1, "measured": 2}, "training": {"met": 1, "measured": 1},
+                                         "overlap": {"met": 2, "measured": 3}, "training": {"met": 1, "measured": 1},
                                          "fill_graphs": {"met": 1, "measured": 2}})
 
     def test_command_line_prints_the_tables_and_writes_json(self):
@@ -123,7 +125,7 @@ class SummaryTest(unittest.TestCase):
         self.assertRegex(out, r"nvfp4 +8 +256 MiB .* 3\.20x +met")
         self.assertIn("re-shard load G = 8 -> 4 (bf16, 10 steps): shards equal the checkpoint", out)
         self.assertIn("  bf16   400 graph fills of 12 recordings met", out)
-        self.assertIn("targets met / measured: busbw 3/4, wire 2/3, overlap 1/2, training 1/1, fill_graphs 1/2", out)
+        self.assertIn("targets met / measured: busbw 3/4, wire 2/3, overlap 2/3, training 1/1, fill_graphs 1/2", out)
         with open(os.path.join(self.folder, "multi_gpu_summary.json")) as f:
             self.assertEqual(json.load(f)["group_sizes"], [8, 4])
 

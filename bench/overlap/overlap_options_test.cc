@@ -117,6 +117,8 @@ TEST(OverlapOptions, BadFlagsNameTheValueAndTheFix) {
   EXPECT_NE(parse_error({"--priorities", "highest"}).find("'highest' is not a stream priority"), std::string::npos);
   EXPECT_NE(parse_error({"--bootstrap", "mpi"}).find("--bootstrap 'mpi' is unknown"), std::string::npos);
   EXPECT_NE(parse_error({"--keep-gathered", "yes"}).find("--keep-gathered 'yes' is not on or off"), std::string::npos);
+  EXPECT_NE(parse_error({"--grads-into-main-grad", "1"}).find("--grads-into-main-grad '1' is not on or off"),
+            std::string::npos);
   EXPECT_NE(parse_error({"--repack", "1"}).find("--repack '1' is not on or off"), std::string::npos);
   EXPECT_NE(parse_error({"--gather-gbps", "-3"}).find("not a positive number"), std::string::npos);
   EXPECT_NE(parse_error({"--iters"}).find("--iters needs a value"), std::string::npos);

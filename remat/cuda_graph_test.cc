@@ -3,10 +3,10 @@
 // release -> finalize, drain. Two eager warm-up steps, one captured step, then replays; every step
 // re-packs new shards (eagerly, between replays, in changing orders and one weight at a time: packs
 // captured in the graph read each weight's own amax slot) and feeds new inputs. Grad buffers are the
-// zero-filled pool's or, on this size-1 group, the main grads themselves (GradInit::kUndefined). Asserts that outputs and main
-// grads equal an eager run bit for bit, that capture and replay allocate nothing, that materialized
-// addresses are stable, that captured grad-ready callbacks fire on every replay, and that the
-// runtime's stats count the capture once. Skips without a GPU.
+// zero-filled pool's or, on this size-1 group, the main grads themselves (GradInit::kUndefined).
+// Asserts that outputs and main grads equal an eager run bit for bit, that capture and replay allocate
+// nothing, that materialized addresses are stable, that captured grad-ready callbacks fire on every
+// replay, and that the runtime's stats count the capture once. Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -203,7 +203,8 @@ void Registry::shard_updated(const WeightId* ids, std::int64_t n, Stream stream)
     if (weight.amax_slot < 0) continue;
     float* slot = amax_.at(weight.desc.group).values + weight.amax_slot;
     if (weight.valid_rows > 0) {
-      backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols, slot);
+      backend_.amax(gather_stream(weight), weight.desc.shard, weight.desc.dtype, weight.valid_rows, weight.desc.cols,
+                    slot);
     } else {
       backend_.fill(gather_stream(weight), slot, 0, sizeof(float));
     }

@@ -174,7 +174,8 @@ TEST(Repack, EachWeightKeepsItsAmaxSlotThroughUpdatesInAnyOrderGrowthAndReuse) {
     for (int w : {0, 1, 2}) expect_amax(w, "after the slot was reused");
     // The weights' encodings follow: each materializes to the CPU reference of its current shards.
     for (int w : {0, 1, 2}) {
-      expect_materializes_to(runtime, ids[w], spec, full_weight(w, versions[w]), geometry, "weight " + std::to_string(w));
+      expect_materializes_to(runtime, ids[w], spec, full_weight(w, versions[w]), geometry,
+                             "weight " + std::to_string(w));
     }
     runtime.drain(nullptr);
   }));

@@ -92,7 +92,9 @@ GradsConfig grads_config(GradsConfig config, const std::vector<GroupConfig>& gro
 
 Runtime::Runtime(Backend& backend, RuntimeConfig config)
     : backend_(backend), config_(std::move(config)), groups_(resolve_groups(config_, backend.group_count())),
-      registry_(backend), grads_(backend, registry_, grads_config(config_.grads, groups_)), trace_(config_.trace_spans) {
+      registry_(backend),
+      grads_(backend, registry_, grads_config(config_.grads, groups_)),
+      trace_(config_.trace_spans) {
   for (const GroupConfig& group : groups_) {
     CacheConfig cache = config_.cache;
     cache.budget_bytes = group.budget_bytes;

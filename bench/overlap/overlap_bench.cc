@@ -500,7 +500,8 @@ int run(const Options& o, int argc, char** argv) {
           c["targets"] = {{"exposed_le_3pct_of_step", exposed <= 0.03 * t.step}, {"step_ratio_le_1_03", ratio <= 1.03}};
           say("%-9s %-6s %-6s %5d  step %9.1f us  exposed %7.1f us (%5.2f %%)  overlap %6.2f %%  x%.3f  peak %7.1f "
               "MiB\n",
-              o.switches.keep_gathered ? "gtp+keep" : "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(), depth,
+              o.switches.keep_gathered ? "gtp+keep" : "gtp", gtp::kernels::to_string(wire).c_str(), priority.c_str(),
+              depth,
               t.step, exposed,
               100.0 * exposed / t.step, overlap, ratio, t.peak_bytes / 1048576.0);
         } catch (const GtpError& e) {

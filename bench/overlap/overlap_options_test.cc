@@ -197,10 +197,9 @@ TEST(OverlapProfile, ParsesWithTheGroupsPriorityDepthAndWire) {
     EXPECT_FALSE(p.group("gtp_remat").keep_gathered);
     EXPECT_TRUE(p.group("gtp_remat").grads_into_main_grad);
   }
+  const std::string switched_profile = profile_json(2, "high", 1, kernels::WireFormat::kBF16, {true, false});
   const topology::GroupSettings switched =
-      topology::parse_profile(nlohmann::json::parse(profile_json(2, "high", 1, kernels::WireFormat::kBF16, {true, false})),
-                              ".")
-          .group("gtp_remat");
+      topology::parse_profile(nlohmann::json::parse(switched_profile), ".").group("gtp_remat");
   EXPECT_TRUE(switched.keep_gathered);
   EXPECT_FALSE(switched.grads_into_main_grad);
   EXPECT_EQ(topology::parse_profile(nlohmann::json::parse(profile_json(1, "high", 0, kernels::WireFormat::kBF16)), ".")

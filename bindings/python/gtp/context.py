@@ -486,7 +486,8 @@ class Context:
             raise ValueError("separate=True needs uninitialized=True: zero-filled buffers are always separate")
         out = _lib.gtp_grad_buffer_t()
         out.struct_size = ctypes.sizeof(_lib.gtp_grad_buffer_t)
-        flags = (_lib.GRAD_BUFFER_UNINITIALIZED if uninitialized else 0) | (_lib.GRAD_BUFFER_SEPARATE if separate else 0)
+        flags = ((_lib.GRAD_BUFFER_UNINITIALIZED if uninitialized else 0) |
+                 (_lib.GRAD_BUFFER_SEPARATE if separate else 0))
         self._call("gtp_grad_buffer_ex", weight.handle, flags, ctypes.byref(out), _stream(stream))
         return GradBuffer(out.data, bool(out.overwrite))
 

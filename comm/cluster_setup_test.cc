@@ -92,6 +92,7 @@ std::vector<ClusterView> setup_threads(int n, const topology::Profile& profile,
 }
 
 TEST(ClusterSetup, EveryThreadRankGetsTheSamePlanAndItsOwnSlot) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology power8 = topology::load_hwloc_xml(fixture("power8gpudistances.xml"));
   const topology::Profile profile = profile_for(4, 1, 2, topology::ViolationPolicy::kFail);
   const std::vector<ClusterView> views = setup_threads(4, profile, [&](int) { return power8; });
@@ -119,6 +120,7 @@ TEST(ClusterSetup, EveryThreadRankGetsTheSamePlanAndItsOwnSlot) {
 }
 
 TEST(ClusterSetup, IdenticalRecordsOfOneHostCollapseAndHostsStayInLaunchOrder) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology a = topology::load_hwloc_xml(fixture("power8gpudistances.xml"));
   HostTopology b = topology::load_hwloc_xml(fixture("32em64t-2n8c2t-pci-normalio.xml"));
   b.hostname = "second-host";
@@ -143,6 +145,7 @@ void expect_invalid(const std::function<void()>& call, const std::string& needle
 }
 
 TEST(ClusterSetup, RefusesWhatCannotBePlacedWithTheSameErrorOnEveryRank) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology a = topology::load_hwloc_xml(fixture("power8gpudistances.xml"));
   HostTopology b = topology::load_hwloc_xml(fixture("32em64t-2n8c2t-pci-normalio.xml"));
   b.hostname = "second-host";

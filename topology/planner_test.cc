@@ -158,6 +158,7 @@ TEST(Planner, ContextParallelStaysInDomainWhenItFits) {
 }
 
 TEST(Planner, Power8BandwidthComesFromTheNvlinkMatrix) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const Cluster cluster = fixture("power8gpudistances.xml");
   const Plan plan = make_plan(cluster, sizes(4, 2, 2), ViolationPolicy::kFail);
   EXPECT_TRUE(plan.violations.empty());
@@ -177,6 +178,7 @@ TEST(Planner, Power8BandwidthComesFromTheNvlinkMatrix) {
 }
 
 TEST(Planner, PcieOnlyGpusCannotHostTpGroups) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   const Cluster cluster = fixture("32em64t-2n8c2t-pci-normalio.xml");
   const Plan dp_only = make_plan(cluster, sizes(3, 1, 1), ViolationPolicy::kFail);
   EXPECT_TRUE(dp_only.ok());

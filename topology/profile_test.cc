@@ -255,6 +255,19 @@ TEST(Profile, ClusterForms) {
     EXPECT_EQ(parse_profile(discover, ".").cluster_source, "discover");
   }
 
+  const std::string dir = getenv("TEST_TMPDIR");
+  std::ofstream(dir + "/missing-xml.json") << R"({"schema_version": 1, "cluster": {"hwloc_xml": "nope.xml"},
+      "parallel": {"world_size": 1}})";
+  try {
+    load_profile(dir + "/missing-xml.json");
+    FAIL();
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("/cluster/hwloc_xml: cannot open hwloc XML file"), std::string::npos);
+  }
+}
+
+TEST(Profile, HwlocXmlClusterResolvesAgainstTheProfileFolder) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
   // hwloc_xml resolves relative paths against the profile's folder, and a NIC rate can be supplied.
   const std::string dir = getenv("TEST_TMPDIR");
   std::ifstream source(internal::hwloc_fixture_dir() + "/32em64t-2n8c2t-pci-normalio.xml");
@@ -266,14 +279,6 @@ TEST(Profile, ClusterForms) {
   EXPECT_EQ(replay.cluster_source, "hwloc_xml");
   EXPECT_EQ(replay.cluster.gpu_count(), 3);
   EXPECT_DOUBLE_EQ(replay.cluster.hosts()[0].nics[0].gbytes_per_s, 12.5);
-  std::ofstream(dir + "/missing-xml.json") << R"({"schema_version": 1, "cluster": {"hwloc_xml": "nope.xml"},
-      "parallel": {"world_size": 1}})";
-  try {
-    load_profile(dir + "/missing-xml.json");
-    FAIL();
-  } catch (const std::invalid_argument& error) {
-    EXPECT_NE(std::string(error.what()).find("/cluster/hwloc_xml: cannot open hwloc XML file"), std::string::npos);
-  }
 }
 
 TEST(Profile, FileErrors) {

@@ -1,4 +1,5 @@
 """Runs a function on N ranks as N spawned processes sharing a store folder (no launcher needed)."""
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -7,10 +8,27 @@ import tempfile
 import traceback
 
 
+RANK_THREADS = 1  # torch threads per rank: the same CPU GEMM path on every run, and fair on a shared machine
+
+
+@contextlib.contextmanager
+def rank_threads():
+    """Runs the block with the ranks' torch thread count, so a reference computed in the test process
+    takes the GEMM path the ranks took: CPU GEMMs split their sums by thread count, so a different
+    count rounds differently (seen with torch 2.15's oneDNN) and only then would results differ."""
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(RANK_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 def _entry(fn, rank, world_size, store_dir, args, results):
     torch = sys.modules.get("torch")  # imported by fn's module, if it uses torch at all
     if torch is not None:
-        torch.set_num_threads(1)  # the same CPU GEMM path on every run, and fair on a shared machine
+        torch.set_num_threads(RANK_THREADS)
     try:
         # Plain pickle bytes: a queue would pass tensors by shared memory that dies with this process.
         results.put((rank, True, pickle.dumps(fn(rank, world_size, store_dir, *args))))

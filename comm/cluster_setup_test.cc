@@ -253,9 +253,18 @@ void expect_processes_agree(int n, int tp, int shards) {
   EXPECT_EQ(slots.size(), static_cast<std::size_t>(n));
 }
 
-TEST(ClusterSetupMultiProcess, TwoProcesses) { expect_processes_agree(2, 1, 2); }
-TEST(ClusterSetupMultiProcess, ThreeProcesses) { expect_processes_agree(3, 1, 1); }
-TEST(ClusterSetupMultiProcess, FourProcesses) { expect_processes_agree(4, 1, 2); }
+TEST(ClusterSetupMultiProcess, TwoProcesses) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
+  expect_processes_agree(2, 1, 2);
+}
+TEST(ClusterSetupMultiProcess, ThreeProcesses) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
+  expect_processes_agree(3, 1, 1);
+}
+TEST(ClusterSetupMultiProcess, FourProcesses) {
+  GTP_SKIP_WITHOUT_HWLOC_FIXTURES();
+  expect_processes_agree(4, 1, 2);
+}
 
 }  // namespace
 }  // namespace gtp::comm

@@ -106,7 +106,9 @@ def test_tcpstore_bootstrap_and_protocol_on_one_rank():
         buffer.fill_(2.0)
         assert w.finalize_group_grads() is None  # asynchronous, as TE allows
         ctx.drain()
-        assert bool((w.grad == 2.0).all()) and w.grad_added_to_main_grad
+        # Written into grad_buffer() (TE's fuse_wgrad_accumulation): it lands in main_grad, .grad untouched.
+        assert bool((w.main_grad == 2.0).all()) and w.grad is None
+        assert not hasattr(w, "grad_added_to_main_grad"), "TE would return its uninitialised dummy grad"
         with pytest.raises(gtp.InvalidStateError, match="not materialized"):
             w.release_group()
 
@@ -143,7 +145,8 @@ def test_te_protocol_grad_buffer_is_overwritten_and_microbatches_still_accumulat
                 targets.append(target.data_ptr())
                 w.finalize_group_grads(last_microbatch=microbatch == 1)
             ctx.drain()
-            assert bool((w.grad == 5.0).all()), (accumulate, w.grad)
+            # Written into grad_buffer(), as TE's fused accumulation: main_grad holds the sum, .grad is untouched.
+            assert bool((w.main_grad == 5.0).all()) and w.grad is None, (accumulate, w.main_grad)
             # TE's grad_buffer() asks for a separate buffer: libgtp's own, reduced, even on one rank
             assert ctx.stats()["grads"]["reduce_scatters"] == (1 if accumulate else 2)
             assert ctx.stats()["grads"]["into_main_grad"] == 0

@@ -85,6 +85,7 @@ class Context(core.Context):
         self._drains_per_step = 0  # attach_optimizer's microbatches; 0: no optimizer attached
         self._drains = 0
         self.parameters = []        # every ShardedParameter registered on this context
+        self._open_uses = []        # (leader, layout, stream) of protocol materializations not yet ended
 
     def stream(self):
         """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""
@@ -108,23 +109,43 @@ class Context(core.Context):
         super().release([getattr(w, "gtp_weight", w) for w in weights], self.stream() if stream is None else stream,
                         layout)
 
+    # -- the lifetime of what TE receives: TE's DistributedWeight protocol has no release call --
+    def open_use(self, leader, layout, stream):
+        """Records a materialization handed out by ShardedParameter._materialize (on `stream`)."""
+        self._open_uses.append((leader, layout, stream))
+
+    def close_use(self, leader, layout=None):
+        """Forgets the open use of `leader` (in `layout`, if named) that release_group() ends itself."""
+        for i, (held, held_layout, _) in enumerate(self._open_uses):
+            if held is leader and layout in (None, held_layout):
+                del self._open_uses[i]
+                return
+
+    def end_open_uses(self):
+        """Ends every open use, each ordered after the work enqueued so far on its own stream. Called
+        before each protocol materialize and at drain: TE's layers enqueue all their GEMMs on a
+        materialized weight before the next layer materializes, and what they keep of it past that point
+        (LayerNormLinear's ctx.weight, GroupedLinear's weakrefs) is never read again; so one open use at
+        a time keeps the cache within (prefetch depth + 1) x the largest group (docs/python.md)."""
+        uses, self._open_uses = self._open_uses, []
+        for leader, layout, stream in uses:
+            super().release([leader.gtp_weight], stream, layout)
+
     def _route_grad_ready(self, weight):
         param = weight.user
         if param is None:
             return
-        self._ready.append(param)
-        for hook in param._grad_ready_hooks:
-            hook(param)
+        self._ready.append(param)  # delivered, and its hooks run, at drain
 
     def queue_drain(self):
         """Drain at the end of the running backward pass (once per pass)."""
-        if self.auto_drain and not self._drain_queued:
+        if self.auto_drain and not self._drain_queued and torch._C._current_graph_task_id() != -1:
             self._drain_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.drain)
 
     def drain(self, stream=None, defer_head=None):
-        """End of backward: applies pending main-grad adds, then moves each ready shard's main_grad into
-        its .grad (added to what is there; main_grad is zeroed), ordered on the current stream.
+        """End of backward: ends the open uses, applies pending main-grad adds, then delivers each ready
+        shard's gradient (ShardedParameter: into .grad, or main_grad), ordered on the current stream.
         defer_head leaves the next step's head to the next shard_updated, so it is gathered once, from
         the updated shards. Default: on the drain that ends each optimizer step once attach_optimizer
         was called (every `microbatches`-th drain), else off."""
@@ -132,6 +153,7 @@ class Context(core.Context):
         if defer_head is None:
             self._drains += 1
             defer_head = self._drains_per_step > 0 and self._drains % self._drains_per_step == 0
+        self.end_open_uses()
         super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
         # The host backend has run every callback by now. On CUDA the adds are only enqueued: every
         # parameter finalized since the last drain has its add ordered before the current stream's
@@ -143,15 +165,10 @@ class Context(core.Context):
             ready, self._ready = self._ready, []
         ready = list(dict.fromkeys(ready))  # once each, in order
         for param in ready:
-            if param.grad is None:
-                param.grad = param.main_grad.clone()
-            else:
-                param.grad.add_(param.main_grad)
-            param.main_grad.zero_()
-        if cuda:
-            for param in ready:
-                for hook in param._grad_ready_hooks:
-                    hook(param)
+            param.deliver_grad()
+        for param in ready:
+            for hook in param._grad_ready_hooks:
+                hook(param)
 
     def note_finalized(self, params, reduced=True):
         """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves the grads of those that

@@ -46,8 +46,7 @@ class _ShardedGroupedFunction(torch.autograd.Function):
             leader.release_group()
         for weight, g, chunk in zip(ctx.weights, grads, x.split(ctx.m_splits)):
             _store_wgrad(weight, g, chunk)
-        leader.finalize_group_grads(last_microbatch=leader.context.last_microbatch())
-        leader.context.queue_drain()
+        leader.finalize_group_grads()  # drains at the end of backward
         return (grad_in, None) + (None,) * len(ctx.weights)
 
 

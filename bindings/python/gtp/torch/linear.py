@@ -62,8 +62,7 @@ class _ShardedLinearFunction(torch.autograd.Function):
         finally:
             weight.release_group()
         _store_wgrad(weight, grad_out, x)
-        weight.finalize_group_grads(last_microbatch=weight.context.last_microbatch())
-        weight.context.queue_drain()
+        weight.finalize_group_grads()  # drains at the end of backward
         return grad_in, None  # the shard's gradient arrives in main_grad, then .grad at drain
 
 

@@ -1,8 +1,10 @@
 """ShardedParameter: this rank's rows of a GTP-sharded weight, implementing TransformerEngine's
 DistributedWeight protocol (is_distributed_weight, materialize_group_for_forward / _backward,
-finalize_group_grads, grad_buffer) over libgtp."""
+finalize_group_grads, grad_buffer) over libgtp, exactly as TE 2.20's layers call it (docs/python.md,
+"TransformerEngine")."""
 import torch
 
+from . import te_quantized
 from .context import tensor_at
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
@@ -10,8 +12,16 @@ _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 class ShardedParameter(torch.nn.Parameter):
     """A torch.nn.Parameter holding rows [row_start, row_start + valid_rows) of a rows x cols weight
-    (FP32 or BF16 master). `main_grad` (FP32, same shape) receives the reduce-scattered gradient; the
-    context's drain() moves it into `.grad` for ordinary optimizers.
+    (FP32 or BF16 master).
+
+    Gradients arrive as TE without GTP gives them (delivered at the context's drain, after libgtp's
+    reduce-scatter add has landed):
+    - a wgrad the consumer computed itself (TE's fuse_wgrad_accumulation=False; gtp.torch's layers)
+      is added to `.grad` in the parameter's dtype;
+    - a wgrad written into grad_buffer() (TE's fuse_wgrad_accumulation=True) is added to `main_grad`,
+      which accumulates until the caller zeroes it, as TE's fused accumulation does. `main_grad` is
+      libgtp's FP32 target; assign another tensor of the shard's shape (FP32 or BF16, e.g. a DDP bucket
+      view) and the gradient is added there instead.
 
     expert_leader: another ShardedParameter (the group's first expert) to join its expert group: the
     leader's materialize_group_* then returns every member's weight from one call, and its
@@ -32,23 +42,44 @@ class ShardedParameter(torch.nn.Parameter):
                              f"[{geometry.row_start}, {geometry.row_start + geometry.valid_rows}) of {rows} x {cols}")
         shard = shard.detach().to(context.device).contiguous()
         param = super().__new__(cls, shard, requires_grad=True)
-        param.context, param.geometry = context, geometry
+        param.context, param.geometry, param.wire = context, geometry, wire
         param.full_shape = (rows, cols)
-        param.main_grad = torch.zeros_like(shard, dtype=torch.float32)
-        param.grad_added_to_main_grad = False
+        param._gtp_main_grad = torch.zeros_like(shard, dtype=torch.float32)  # what libgtp adds into
+        param._main_grad_target = None  # a tensor the caller assigned to main_grad, if any
         param._grad_ready_hooks = []
         param._wgrad_target = None  # what grad_buffer() handed out since the last finalize
+        param._into_main_grad = False  # the last finalize's wgrad was written into grad_buffer()
         param.gtp_weight = context.register(
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
-            wire=wire, group=group, main_grad=param.main_grad.data_ptr() if geometry.valid_rows > 0 else None,
+            wire=wire, group=group, main_grad=param._gtp_main_grad.data_ptr() if geometry.valid_rows > 0 else None,
             expert_leader=None if expert_leader is None else expert_leader.gtp_weight,
             nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding, gemm_scales=gemm_scales)
         param.gtp_weight.user = param
         param.group_members = [param]  # a leader's grow with its experts, in registration order
+        param.is_routed_expert = expert_leader is not None  # TE's fused grouped MLP checks these two
+        param.weight_list = None
         if expert_leader is not None:
             expert_leader.group_members.append(param)
+            expert_leader.is_routed_expert = True
+            expert_leader.weight_list = param.weight_list = expert_leader.group_members
         context.parameters.append(param)
         return param
+
+    @property
+    def main_grad(self):
+        return self._gtp_main_grad if self._main_grad_target is None else self._main_grad_target
+
+    @main_grad.setter
+    def main_grad(self, value):
+        if value is None or value is self._gtp_main_grad:
+            self._main_grad_target = None
+            return
+        if tuple(value.shape) != tuple(self.shape) or value.device != self.device or \
+                value.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"main_grad of '{self.gtp_weight.name}' must be an FP32 or BF16 tensor of the shard's "
+                             f"shape {tuple(self.shape)} on {self.device}; got {value.dtype} "
+                             f"{tuple(value.shape)} on {value.device}")
+        self._main_grad_target = value
 
     def __reduce_ex__(self, protocol):  # pickles (torch.save of a module) as its plain shard
         return torch.Tensor.__reduce_ex__(self.detach(), protocol)
@@ -59,14 +90,30 @@ class ShardedParameter(torch.nn.Parameter):
 
     # -- DistributedWeight protocol --
     def _materialize(self, phase):
+        """The group's weights for TE: TE's quantized tensors on the wire's own codes under a matching TE
+        recipe (te_quantized), else BF16. Each opens a use the context ends at its next materialize, at
+        drain, or at release_group(): TE never releases (docs/python.md, "Lifetime")."""
         context = self.context
-        ptrs = context.materialize([self.gtp_weight], phase, stream=context.stream())
-        rows, cols = self.full_shape
-        tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
+        context.end_open_uses()
+        stream = context.stream()
+        quantized = te_quantized.recipe_layout(self)
+        if quantized is not None:
+            views = context.materialize_views([self.gtp_weight], phase, layout="gemm", stream=stream)
+            context.open_use(self, "gemm", stream)
+            tensors = [te_quantized.to_te(view, member, quantized)
+                       for view, member in zip(views, self.group_members)]
+        else:
+            ptrs = context.materialize([self.gtp_weight], phase, stream=stream)
+            context.open_use(self, "bf16", stream)
+            rows, cols = self.full_shape
+            tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
+        for tensor, member in zip(tensors, self.group_members):
+            tensor.requires_grad_(member.requires_grad)  # TE reads requires_wgrad from what it receives
         return tensors[0] if len(tensors) == 1 else tensors
 
     def materialize_group_for_forward(self):
-        """The full BF16 weight (a list for an expert group), valid until release_group()."""
+        """The full weight (a list for an expert group): BF16, or TE's quantized tensor under a TE recipe
+        that matches the wire. Valid until this context's next materialize, its drain, or release_group()."""
         return self._materialize("forward")
 
     def materialize_group_for_backward(self):
@@ -79,8 +126,9 @@ class ShardedParameter(torch.nn.Parameter):
         return self.context.materialize_views([self.gtp_weight], phase, layout=layout)
 
     def release_group(self, layout=None):
-        """Ends the use opened by a materialize_group_* call (ordered on the current stream); name the
-        layout ("bf16" or "gemm") when both are held."""
+        """Ends a use opened by a materialize_group_* call now (ordered on the current stream) rather than
+        at the context's next materialize; name the layout ("bf16" or "gemm") when both are held."""
+        self.context.close_use(self, layout)
         self.context.release([self.gtp_weight], stream=self.context.stream(), layout=layout)
 
     def grad_buffer(self):
@@ -107,13 +155,16 @@ class ShardedParameter(torch.nn.Parameter):
                                         separate=separate)
         return tensor_at(buffer.address, self.full_shape, torch.float32, context.device), buffer.overwrite
 
-    def finalize_group_grads(self, wgrads=None, last_microbatch=True):
-        """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into
-        main_grad; asynchronous: returns None. wgrads (one per group member, in order; default: what
-        grad_buffer() handed out) that are not the member's grad buffer itself are written into it (a
-        buffer new this step) or added to it (one held from an earlier microbatch) first.
-        last_microbatch=False (not in TE's protocol): under the context's accumulate_microbatches the
-        buffer is kept for the next microbatch instead of reduced."""
+    def finalize_group_grads(self, wgrads=None, last_microbatch=None):
+        """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into the
+        shards' gradients, asynchronously: returns None, or one None per member for an expert group (TE's
+        GroupedLinear takes the return as the per-expert grads). wgrads (one per group member, in order,
+        or a bare tensor; default: what grad_buffer() handed out) that are not the member's grad buffer
+        are written into it (a buffer new this step) or added to it (one held from an earlier
+        microbatch) first. A wgrad that is what grad_buffer() handed out goes to main_grad at drain, any
+        other to .grad (see the class).
+        last_microbatch (not in TE's protocol; default: the context's last_microbatch()): under the
+        context's accumulate_microbatches False keeps the buffer for the next microbatch."""
         if wgrads is not None:
             wgrads = list(wgrads) if isinstance(wgrads, (list, tuple)) else [wgrads]
             if len(wgrads) != len(self.group_members):
@@ -121,8 +172,12 @@ class ShardedParameter(torch.nn.Parameter):
                                  f"{len(self.group_members)} weights; pass one per member, leader first")
         else:  # what grad_buffer() handed out (None where the caller used wgrad_buffer() directly)
             wgrads = [member._wgrad_target for member in self.group_members]
+        if last_microbatch is None:
+            last_microbatch = self.context.last_microbatch()
         for member, wgrad in zip(self.group_members, wgrads):
-            member._wgrad_target = None
+            handed_out, member._wgrad_target = member._wgrad_target, None
+            member._into_main_grad = (wgrad is not None and handed_out is not None
+                                      and wgrad.data_ptr() == handed_out.data_ptr())
             if wgrad is None:
                 continue
             buffer, overwrite = member.wgrad_buffer()
@@ -133,35 +188,59 @@ class ShardedParameter(torch.nn.Parameter):
             else:
                 buffer.add_(wgrad)
         self.context.finalize([self.gtp_weight], last_microbatch=last_microbatch, stream=self.context.stream())
-        self.context.note_finalized(self.group_members, reduced=last_microbatch or not self.context.accumulate_microbatches)
-        for member in self.group_members:
-            member.grad_added_to_main_grad = True
-        return None
+        self.context.note_finalized(self.group_members,
+                                    reduced=last_microbatch or not self.context.accumulate_microbatches)
+        self.context.queue_drain()
+        return None if len(self.group_members) == 1 else [None] * len(self.group_members)
+
+    def deliver_grad(self):
+        """Called by the context's drain once libgtp's add into the FP32 target has landed (ordered on
+        the current stream): moves it where the class docstring says."""
+        staged = self._gtp_main_grad
+        if not self._into_main_grad:
+            grad = staged.to(self.dtype, copy=True)
+            if self.grad is None:
+                self.grad = grad
+            else:
+                self.grad.add_(grad)
+            staged.zero_()
+        elif self._main_grad_target is not None:
+            self._main_grad_target.add_(staged)
+            staged.zero_()
 
     def register_grad_ready_hook(self, hook):
-        """hook(param) runs when libgtp has added this shard's gradient into main_grad (the DDP signal).
-        Host backend: from libgtp's callback, inside finalize or drain. CUDA backend: at drain, on the
-        calling thread, after .grad was updated on the current stream (libgtp's callback runs on the
-        driver's host-function thread, which must not enter Python)."""
+        """hook(param) runs when this shard's gradient has been delivered (the DDP signal): at drain, on
+        the calling thread, after the delivery was ordered on the current stream (on CUDA libgtp's own
+        callback runs on the driver's host-function thread, which must not enter Python)."""
         self._grad_ready_hooks.append(hook)
         return hook
 
 
-# TE's dispatchers: no-ops on plain tensors.
+# TE's dispatchers (transformer_engine.pytorch.distributed_weight), with its exact contract: always a
+# list; the leader weights[0] stands for its group; plain tensors pass through.
 def is_distributed_weight(weight):
-    return bool(getattr(weight, "is_distributed_weight", False))
+    flag = bool(getattr(weight, "is_distributed_weight", False))
+    if flag and not isinstance(weight, torch.Tensor):
+        raise TypeError(f"DistributedWeight implementers must be torch.Tensor subclasses; got {type(weight).__name__}")
+    return flag
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 def materialize_weight_for_forward(weights):
-    leader = weights[0]
-    return leader.materialize_group_for_forward() if is_distributed_weight(leader) else weights
+    weights = _as_list(weights)
+    return _as_list(weights[0].materialize_group_for_forward()) if is_distributed_weight(weights[0]) else weights
 
 
 def materialize_weight_for_backward(weights):
-    leader = weights[0]
-    return leader.materialize_group_for_backward() if is_distributed_weight(leader) else weights
+    weights = _as_list(weights)
+    return _as_list(weights[0].materialize_group_for_backward()) if is_distributed_weight(weights[0]) else weights
 
 
 def finalize_weight_grads(weights, wgrads):
-    leader = weights[0]
-    return leader.finalize_group_grads(wgrads) if is_distributed_weight(leader) else wgrads
+    weights, wgrads = _as_list(weights), list(wgrads)
+    if not is_distributed_weight(weights[0]):
+        return wgrads
+    return _as_list(weights[0].finalize_group_grads(wgrads if len(wgrads) > 1 else wgrads[0]))

@@ -1,0 +1,66 @@
+"""TE's quantized weight tensors built on libgtp's gathered wire codes, so that under a TE FP8 recipe the
+weight TE receives is already quantized (one collective, no BF16 copy, no re-quantization).
+
+Only consulted once transformer_engine.pytorch is imported: gtp.torch never imports TE itself.
+Which recipe goes with which wire (docs/python.md, "TransformerEngine"):
+- no TE quantization active, or the BF16 wire: the BF16 weight (TE quantizes it under its recipe);
+- Float8CurrentScaling with the FP8 wire: a Float8Tensor on the codes, their exact transpose and the
+  decode scale (libgtp's per-tensor rule is TE's current scaling: scale = 448 / amax);
+- any other recipe with a quantized wire: refused, naming both and what to use instead."""
+import sys
+
+import torch
+
+FP8_CURRENT = "float8_current_scaling"
+
+
+def _active_recipe():
+    """TE's active recipe while TE quantizes (autocast), else None; None also when TE is not imported."""
+    te = sys.modules.get("transformer_engine.pytorch")
+    if te is None:
+        return None
+    from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+    return FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+
+
+def recipe_layout(param):
+    """What `param` (a ShardedParameter) is handed to TE as: None for BF16, FP8_CURRENT for a Float8Tensor.
+    Raises ValueError for a quantized wire under a TE recipe it cannot serve."""
+    if param.wire == "bf16":
+        return None
+    recipe = _active_recipe()
+    if recipe is None:
+        return None
+    name = param.gtp_weight.name
+    if param.wire == "fp8" and recipe.float8_current_scaling():
+        weight_q = recipe.fp8_quant_fwd_weight
+        if weight_q.power_2_scale or weight_q.amax_epsilon != 0.0:
+            raise ValueError(f"weight '{name}': the FP8 wire packs with scale = 448 / amax, but this "
+                             f"Float8CurrentScaling recipe asks power_2_scale={weight_q.power_2_scale}, "
+                             f"amax_epsilon={weight_q.amax_epsilon} for weights; use the recipe's defaults "
+                             "(NVTE_FP8_CURRENT_SCALING_POWER_2_SCALES unset), or the BF16 wire")
+        rows, cols = param.full_shape
+        if rows % 16 or cols % 16:
+            raise ValueError(f"weight '{name}' is {rows} x {cols}: TE's FP8 GEMMs need both dimensions to be "
+                             "multiples of 16; use the BF16 wire for it")
+        return FP8_CURRENT
+    raise ValueError(f"weight '{name}' travels on the {param.wire} wire, which cannot serve TE's "
+                     f"{type(recipe).__name__} recipe: the FP8 wire serves Float8CurrentScaling; under "
+                     f"{type(recipe).__name__} register the weight with wire='bf16' (TE then quantizes the "
+                     "gathered BF16 weight itself)")
+
+
+def to_te(view, member, layout):
+    """The TE tensor over one gathered weight's GEMM-layout sections (gtp.Materialized with `.tensor`s)."""
+    if layout != FP8_CURRENT:
+        raise ValueError(f"unknown TE layout {layout!r}")
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Tensor
+    rows, cols = view.rows, view.cols
+    data = view.data.tensor[:rows]                # E4M3 codes [rows, cols]
+    data_t = view.data_t.tensor[:, :rows]         # their exact transpose [cols, rows]
+    scale_inv = view.decode_scales.tensor.view(torch.float32).reshape(-1)[:1]  # 1 / scale, every chunk's equal
+    quantizer = Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, data.device, rowwise=True, columnwise=True)
+    return Float8Tensor(shape=(rows, cols), dtype=torch.bfloat16, data=data, fp8_scale_inv=scale_inv,
+                        fp8_dtype=tex.DType.kFloat8E4M3, data_transpose=data_t, quantizer=quantizer,
+                        requires_grad=member.requires_grad, device=data.device)

@@ -98,7 +98,7 @@ __device__ __forceinline__ void nvfp4_decode16_bf16(uint2 codes, float block_sca
 // store and neighbouring lanes take neighbouring groups, so each warp store instruction writes
 // 512 contiguous bytes. With 16-element groups (two 16-byte stores 32 bytes apart) each
 // instruction covered half of every sector it touched, and the partial writes cost up to twice
-// the L2 write traffic (ncu, v7 in perf-notes). NVFP4 groups are 16 elements, one block, decoded
+// the L2 write traffic (ncu, v7 in perf-history). NVFP4 groups are 16 elements, one block, decoded
 // through the block's table (nvfp4_decode16_bf16); 8-element groups measured slower there.
 // Format is a template parameter so each kernel carries only its own decode. The rows are walked by
 // blocks `block` of `blocks`: the whole grid of unpack_bf16_kernel, or one job's share of an
@@ -193,7 +193,7 @@ __global__ void unpack_many_bf16_kernel(const __grid_constant__ UnpackManyParams
 }
 
 // The GEMM layout's per-chunk FP32 decode scales (FP8, NVFP4; out == nullptr: none), copied by
-// the first block of the layout's one launch rather than by a launch of their own (perf-notes v23).
+// the first block of the layout's one launch rather than by a launch of their own (perf-history v23).
 struct DecodeScales {
   float* out;
   int64_t count;  // G
@@ -211,7 +211,7 @@ __device__ __forceinline__ void copy_decode_scales(const Chunks& in, const Decod
 // writes four 16-byte runs of transposed rows, a warp covering 128 contiguous bytes of each of 4
 // transposed rows. Shared memory holds the tile row-major with each row's 16-byte groups XORed by
 // the row's 16-row group, so both the row stores and the column reads are free of bank conflicts
-// (the byte-wise 64x64 tile this replaces read with 4-way conflicts: ~70 % of copy, perf-notes v18).
+// (the byte-wise 64x64 tile this replaces read with 4-way conflicts: ~70 % of copy, perf-history v18).
 constexpr int kFp8TileRows = 128, kFp8TileCols = 128;
 
 __global__ void __launch_bounds__(kThreads)
@@ -288,7 +288,7 @@ __global__ void unpack_fp8_gemm_rows_kernel(Chunks in, RowGrid grid, uint8_t* da
 // contiguous bytes, and the latency of the scale loads overlaps other warps' streaming. Byte
 // stores from the code loop wrote 4 bytes of every 32-byte sector they touched and held the
 // blocked unpack at 71-89 % of copy; tiles written by extra blocks after all the code blocks ran
-// alone and slower still (perf-notes v22). Entries outside the matrix are written as 0, so the tile
+// alone and slower still (perf-history v22). Entries outside the matrix are written as 0, so the tile
 // padding needs no memset.
 struct BlockedScales {
   uint8_t* out;
@@ -454,7 +454,7 @@ __global__ void unpack_nvfp4_gemm_kernel(Chunks in, RowGrid grid, bool blocks_2d
 // runs, a warp covering 128 contiguous bytes of each of 4 transposed rows. A shared-memory row is
 // 128 bytes; its 16-byte pieces are XORed with the row's 32-row band, which keeps the word reads (8
 // bands x one piece a warp) free of bank conflicts. The 8-byte pieces of the 256 x 128 tile this
-// replaces ran 2-7 points slower (perf-notes v24); the per-nibble half-warp strips before it at
+// replaces ran 2-7 points slower (perf-history v24); the per-nibble half-warp strips before it at
 // ~22 % of copy (v18). Rows and columns are multiples of 16, not always of 32: then the last
 // piece of a row, the last band of a column, or every odd row (16-byte alignment) moves in 8-byte
 // halves. The tile's 16 x 16 block scales go to `scales` and, transposed, to `scales_t`, when they

@@ -2,7 +2,7 @@
 // (cuBLAS BF16 GEMMs on one consumer stream) runs forward and backward (dgrad, and an FP32 wgrad)
 // twice: with resident weights (wgrad accumulated, beta = 1), and with weights materialized by libgtp
 // through the C ABI (materialize / release around each GEMM, wgrad into gtp_grad_buffer_ex without
-// the zero-fill: beta = 0 when `overwrite`, 1 otherwise; then gtp_finalize; gtp_drain ends the step). See docs/perf-notes.md, "Overlap benchmark".
+// the zero-fill: beta = 0 when `overwrite`, 1 otherwise; then gtp_finalize; gtp_drain ends the step). See docs/performance.md, "Overlap benchmark".
 //
 // Exposed communication is measured on the consumer stream: an event recorded just before
 // gtp_materialize and one just after it returns bracket exactly what materialize enqueued there

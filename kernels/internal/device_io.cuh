@@ -202,7 +202,7 @@ __device__ __forceinline__ float e2m1_value(uint32_t code) {
 // Stores one lane's 32 output bytes (group `item`: out_row[2 * item], out_row[2 * item + 1]).
 // Where the partner lane (lane ^ 1) holds the neighbouring group, the pair swaps halves first so
 // that each store instruction writes whole 32-byte sectors (the even group's, then the odd group's)
-// instead of half of every sector it touches, which doubled the L2 write traffic (perf-notes v7,
+// instead of half of every sector it touches, which doubled the L2 write traffic (perf-history v7,
 // v11). `paired` must be equal on both lanes of a pair: with a team of two or more lanes, lane ^ 1
 // holds item ^ 1 of the same row, and both lanes of a pair see (item | 1) < n alike; the shuffle
 // names exactly those two lanes.

@@ -1,0 +1,157 @@
+"""The real TransformerEngine layers on libgtp (CUDA backend, one GPU, G = 1, a real size-1 NCCL
+communicator), each trained 20 steps with AdamW next to the same TE layer without libgtp: losses,
+outputs, input grads, weight grads and parameters bit for bit; the cache within (depth + 1) slots; under
+Float8CurrentScaling with the FP8 wire TE's weight is libgtp's codes, byte for byte TE's own
+quantization, and TE quantizes no weight itself. Skips without a GPU or without TE."""
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gtp.torch as gt  # noqa: E402
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: the TransformerEngine tests need a GPU", allow_module_level=True)
+te = pytest.importorskip("transformer_engine.pytorch", reason="TransformerEngine is not installed "
+                         "(pip install transformer_engine[pytorch]; the GPU machine's copy: ../shared/te-h200)")
+from transformer_engine.common import recipe as te_recipe  # noqa: E402
+from transformer_engine.pytorch.quantized_tensor import Quantizer  # noqa: E402
+from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Tensor  # noqa: E402
+import transformer_engine_torch as tex  # noqa: E402
+
+HIDDEN, FFN, TOKENS, EXPERTS, STEPS, DEPTH = 256, 512, 64, 4, 20, 1
+LAYERS = {
+    "linear_column": lambda fuse: te.Linear(HIDDEN, FFN, parallel_mode="column", fuse_wgrad_accumulation=fuse,
+                                            params_dtype=torch.bfloat16),
+    "linear_row": lambda fuse: te.Linear(FFN, HIDDEN, parallel_mode="row", fuse_wgrad_accumulation=fuse,
+                                         params_dtype=torch.bfloat16),
+    "layernorm_linear": lambda fuse: te.LayerNormLinear(HIDDEN, FFN, fuse_wgrad_accumulation=fuse,
+                                                        params_dtype=torch.bfloat16),
+    "grouped_linear": lambda fuse: te.GroupedLinear(EXPERTS, HIDDEN, FFN, fuse_wgrad_accumulation=fuse,
+                                                    params_dtype=torch.bfloat16),
+}
+# (wire, TE recipe or None for BF16 compute)
+MODES = {"bf16": ("bf16", None), "fp8cs_bf16_wire": ("bf16", "fp8cs"), "fp8cs_fp8_wire": ("fp8", "fp8cs")}
+
+
+def _weights(layer):
+    names = [f"weight{i}" for i in range(EXPERTS)] if isinstance(layer, te.GroupedLinear) else ["weight"]
+    return [getattr(layer, n) for n in names]
+
+
+def _forward(layer, x, recipe):
+    with te.autocast(enabled=recipe is not None, recipe=te_recipe.Float8CurrentScaling() if recipe else None):
+        if isinstance(layer, te.GroupedLinear):
+            return layer(x, [TOKENS // EXPERTS] * EXPERTS)
+        return layer(x)
+
+
+class _QuantizeCounter:
+    """Records the shapes TE quantizes (Quantizer.quantize), to show no weight is quantized by TE."""
+
+    def __init__(self, monkeypatch):
+        self.shapes = []
+        original = Quantizer.quantize
+
+        def quantize(quantizer, tensor, *args, **kwargs):
+            self.shapes.append(tuple(tensor.shape))
+            return original(quantizer, tensor, *args, **kwargs)
+        monkeypatch.setattr(Quantizer, "quantize", quantize)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("fuse", [False, True], ids=["grad", "main_grad"])
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_te_layer_trains_bit_identically_on_libgtp(tmp_path, monkeypatch, kind, fuse, mode):
+    wire, recipe = MODES[mode]
+    torch.manual_seed(0)
+    ref = LAYERS[kind](fuse)
+    torch.manual_seed(0)
+    layer = LAYERS[kind](fuse)
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    with gt.Context(store, 0, 1, backend="cuda", prefetch_depth=DEPTH) as ctx:
+        sharded = gt.te.distribute(layer, ctx, wire=wire)
+        assert sharded == _weights(layer) and all(isinstance(w, gt.ShardedParameter) for w in sharded)
+        if fuse:
+            for w in _weights(ref):  # TE's fused accumulation writes the caller's FP32 main_grad
+                w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+        opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+        ctx.attach_optimizer(opt)
+        counter = _QuantizeCounter(monkeypatch) if wire == "fp8" else None
+        in_features = FFN if kind == "linear_row" else HIDDEN
+        for step in range(STEPS):
+            x = torch.randn(TOKENS, in_features, device="cuda", dtype=torch.bfloat16,
+                            generator=torch.Generator("cuda").manual_seed(step))
+            x_ref, x_gtp = x.clone().requires_grad_(), x.clone().requires_grad_()
+            y_ref, y = _forward(ref, x_ref, recipe), _forward(layer, x_gtp, recipe)
+            loss_ref, loss = y_ref.float().square().mean(), y.float().square().mean()
+            loss_ref.backward()
+            loss.backward()
+            assert torch.equal(loss, loss_ref) and torch.equal(y, y_ref), f"step {step}: forward"
+            assert torch.equal(x_gtp.grad, x_ref.grad), f"step {step}: dgrad"
+            for w_ref, w in zip(_weights(ref), _weights(layer)):
+                if fuse:  # TE's fused path: the grad is in main_grad; .grad stays None (no dummy)
+                    assert w.grad is None and w_ref.grad is None, f"step {step}: a dummy grad reached .grad"
+                    assert torch.equal(w.main_grad, w_ref.main_grad), f"step {step}: main_grad"
+                    for p in (w, w_ref):
+                        p.grad = p.main_grad.to(p.dtype)
+                        p.main_grad.zero_()
+                else:
+                    assert w.grad.dtype == w_ref.grad.dtype and torch.equal(w.grad, w_ref.grad), f"step {step}: grad"
+            opt_ref.step()
+            opt.step()
+            opt_ref.zero_grad()
+            opt.zero_grad()
+            for (name, p_ref), p in zip(ref.named_parameters(), layer.parameters()):
+                assert torch.equal(p.detach(), p_ref.detach()), f"step {step}: parameter {name}"
+            for group in ctx.stats()["groups"]:
+                assert group["slots"] <= DEPTH + 1, (step, group)
+        if counter is not None:
+            weight_shapes = {tuple(w.shape) for w in _weights(layer)}
+            assert counter.shapes and not weight_shapes & set(counter.shapes), \
+                f"TE quantized a libgtp weight itself: {counter.shapes}"
+
+
+def test_fp8_wire_codes_are_te_current_scaling_byte_for_byte(tmp_path):
+    torch.manual_seed(1)
+    layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
+    weight = layer.weight.detach().clone()
+    weight[3, 5] = 0.0  # edge values: a zero, the amax itself, a tiny value
+    weight[7, 1] = weight.abs().max() * 2
+    weight[9, 9] = 1e-30
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        (w,) = gt.te.distribute(layer, ctx, wire="fp8")
+        with te.autocast(enabled=True, recipe=te_recipe.Float8CurrentScaling()):
+            ours = w.materialize_group_for_forward()
+        assert isinstance(ours, Float8Tensor) and ours.requires_grad
+        theirs = Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, weight.device, rowwise=True,
+                                               columnwise=True)(weight)
+        assert torch.equal(ours._data, theirs._data), "row-wise codes"
+        assert torch.equal(ours._scale_inv, theirs._scale_inv), "decode scale"
+        assert torch.equal(ours._transpose, theirs._transpose), "column-wise (transposed) codes"
+        assert torch.equal(ours.dequantize(), theirs.dequantize())
+        ctx.drain()
+
+
+def test_refusals_name_the_fix(tmp_path):
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        mlp = te.LayerNormMLP(HIDDEN, FFN, params_dtype=torch.bfloat16)
+        with pytest.raises(ValueError, match="LayerNormMLP calls no DistributedWeight hook"):
+            gt.te.distribute(torch.nn.Sequential(te.Linear(HIDDEN, HIDDEN), mlp), ctx)
+        assert not ctx.parameters, "a refusal registers nothing"
+        split = te.Linear(HIDDEN, FFN, parameters_split=("a", "b"))
+        with pytest.raises(ValueError, match="parameters_split"):
+            gt.te.distribute(split, ctx)
+        layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
+        gt.te.distribute(layer, ctx, wire="fp8")
+        x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        for recipe in (te_recipe.DelayedScaling(), te_recipe.Float8BlockScaling()):
+            with pytest.raises(ValueError, match="register the weight with wire='bf16'"):
+                with te.autocast(enabled=True, recipe=recipe):
+                    layer(x)
+        ctx.drain()

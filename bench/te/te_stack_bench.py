@@ -9,6 +9,7 @@ out. Modes: "bf16" (no TE quantization, BF16 wire) and "fp8" (TE's Float8Current
 the FP8 wire, whose codes TE's FP8 GEMMs take as they are). keep: the profile's keep_gathered.
 Needs a GPU and TE. Usage: te_stack_bench.py --json out.json --commit SHA [--layers 8 --hidden 8192 ...]."""
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -130,7 +131,7 @@ def main():
                           f"exposed {r['exposed_gathers']}", flush=True)
                     results.append(r)
     doc = {"benchmark": "te_stack_bench", "machine": torch.cuda.get_device_name(), "commit": args.commit,
-           "command": " ".join(sys.argv), "torch": torch.__version__, "transformer_engine": te.__version__,
+           "command": " ".join(sys.argv), "torch": torch.__version__, "transformer_engine": importlib.metadata.version("transformer_engine"),
            "layers": args.layers, "hidden": args.hidden, "tokens_per_microbatch": args.tokens, "depth": args.depth,
            "steps": args.steps, "warmup": args.warmup, "configs": results}
     with open(args.json, "w") as f:

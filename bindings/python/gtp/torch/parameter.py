@@ -96,8 +96,8 @@ class ShardedParameter(torch.nn.Parameter):
         context = self.context
         context.end_open_uses()
         stream = context.stream()
-        quantized = te_quantized.recipe_layout(self)
-        if quantized is not None:
+        quantized = te_quantized.recipe_layout(self, phase)
+        if quantized == te_quantized.FP8_CURRENT:
             views = context.materialize_views([self.gtp_weight], phase, layout="gemm", stream=stream)
             context.open_use(self, "gemm", stream)
             tensors = [te_quantized.to_te(view, member, quantized)
@@ -109,6 +109,8 @@ class ShardedParameter(torch.nn.Parameter):
             tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
         for tensor, member in zip(tensors, self.group_members):
             tensor.requires_grad_(member.requires_grad)  # TE reads requires_wgrad from what it receives
+        if quantized == te_quantized.QUANTIZE_BF16:
+            tensors = [te_quantized.quantize_bf16(t, m) for t, m in zip(tensors, self.group_members)]
         return tensors[0] if len(tensors) == 1 else tensors
 
     def materialize_group_for_forward(self):

@@ -87,7 +87,8 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
         for i in range(sub.num_gemms):
             param = _shard_of(getattr(sub, f"weight{i}"), context, f"{base}.weight{i}", wire, expert_group, leader,
                               register_kwargs)
-            leader = leader or param
+            if leader is None:
+                leader = param
             sub.register_parameter(f"weight{i}", param)
             created.append(param)
         context.shard_updated([leader])  # the leader stands for its group

@@ -31,6 +31,15 @@ def _active_recipe():
     return FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
 
 
+def phase_recipe(param, phase):
+    """The TE recipe `param`'s materialization in `phase` serves. TE's autocast wraps the forward only
+    and its backward runs under the recipe the forward saw (ctx.fp8_recipe), so a backward
+    materialization takes the recipe of this weight's last forward."""
+    if phase == "forward":
+        param._te_recipe = _active_recipe()
+    return getattr(param, "_te_recipe", None)
+
+
 def _te_caller():
     """The file name of the TE module that called the protocol (the first frame outside gtp and TE's
     dispatchers), or ""."""
@@ -56,7 +65,7 @@ def recipe_layout(param, phase):
     """What `param` (a ShardedParameter) is handed to TE as in `phase`: None for BF16, FP8_CURRENT for a
     Float8Tensor on the wire's codes, QUANTIZE_BF16 for the BF16 weight quantized by TE's quantizer.
     Raises ValueError for a wire under a TE recipe it cannot serve."""
-    recipe = _active_recipe()
+    recipe = phase_recipe(param, phase)
     if recipe is None:
         return None
     name = param.gtp_weight.name

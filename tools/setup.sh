@@ -12,6 +12,7 @@ packages=(
   libgtest-dev         # unit tests
   libbenchmark-dev     # microbenchmarks
   pkg-config           # the install test builds a C program with `pkg-config --cflags --libs gtp`
+  cmake                # //bindings:cmake_test builds a C++ consumer with find_package(gtp CONFIG)
 )
 
 missing=()

@@ -112,13 +112,14 @@ class gtp_materialized_t(ctypes.Structure):
 
 
 def _candidates():
-    """Where libgtp.so is looked for, in order: $GTP_LIBRARY, next to the package, the Bazel output."""
+    """Where libgtp.so is looked for, in the order of library_path()'s docstring."""
     env = os.environ.get("GTP_LIBRARY")
     if env:
         yield env, "GTP_LIBRARY"
         return
     package = os.path.dirname(os.path.abspath(__file__))
-    # In the package, beside it, and PREFIX/lib for the installed layout PREFIX/lib/python/gtp.
+    # In the package (the wheel's gtp/libgtp.so), beside it, and PREFIX/lib for the installed layout
+    # PREFIX/lib/python/gtp of //:install.
     for folder in (package, os.path.dirname(package), os.path.dirname(os.path.dirname(package))):
         yield os.path.join(folder, "libgtp.so"), "next to the package"
     folder = package
@@ -190,5 +191,12 @@ def lib():
 
 
 def library_path():
+    """The path of the libgtp.so this process loaded (loading it on first use), the first found of:
+
+    1. ``$GTP_LIBRARY`` when set (then nothing else is tried; a missing file is an error);
+    2. ``gtp/libgtp.so`` inside the package: what the wheel (``pip install libgtp-*.whl``) bundles;
+    3. beside the package, then ``PREFIX/lib/libgtp.so`` for ``//:install``'s ``PREFIX/lib/python/gtp``;
+    4. ``bazel-bin/bindings/c/libgtp.so`` of a checkout above the package (``PYTHONPATH=bindings/python``).
+    """
     lib()
     return _lib_path

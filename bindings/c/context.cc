@@ -1,0 +1,81 @@
+// The C ABI's context: create, destroy, abort, its sizes, and its stats and trace texts.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "bindings/c/internal/entry_point.h"
+
+using namespace gtp::cabi;
+
+namespace {
+
+gtp_status_t copy_text(gtp_context_t* ctx, const char* call, char* buf, size_t cap, size_t* len,
+                       std::string (*text)(const gtp_context&)) {
+  return on_context(ctx, call, [&] {
+    require(len != nullptr, "len is NULL");
+    require(buf != nullptr || cap == 0, "buf is NULL but cap is " + std::to_string(cap));
+    const std::string s = text(*ctx);
+    if (cap <= s.size()) {
+      *len = s.size();
+      throw std::invalid_argument("the buffer holds " + std::to_string(cap) + " bytes but the text needs " +
+                                  std::to_string(s.size() + 1) + " with its NUL; *len has the length");
+    }
+    std::memcpy(buf, s.c_str(), s.size() + 1);
+    *len = s.size();
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out) {
+  return guarded(nullptr, "gtp_context_create", [&] { gtp::cabi::create_context(config, out); });
+}
+
+gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
+  if (ctx == nullptr) return GTP_SUCCESS;
+  const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
+    ctx->runtime.reset();
+    ctx->backend.reset();
+    ctx->nccl_reduce_scatter.clear();
+    ctx->nccl_groups.clear();
+    ctx->nccl_world.reset();
+    ctx->host_comms.clear();
+    ctx->group_bootstraps.clear();
+  });
+  delete ctx;
+  return status;
+}
+
+gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
+  return on_context(ctx, "gtp_context_abort", [&] {
+    ctx->aborted = true;
+    // Cancels pending NCCL work so that a peer stuck in a collective cannot hang destroy.
+    for (auto& comm : ctx->nccl_reduce_scatter) comm->abort();
+    for (auto& comm : ctx->nccl_groups) comm->abort();
+    if (ctx->nccl_world != nullptr) ctx->nccl_world->abort();
+  });
+}
+
+gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
+  return on_context(ctx, "gtp_context_sizes", [&] {
+    require(out != nullptr, "out is NULL");
+    check_struct_size(out->struct_size, sizeof(gtp_sizes_t), "gtp_sizes_t");
+    const gtp::topology::ParallelSizes& s = ctx->sizes;
+    const gtp::topology::DataParallelRank data = gtp::topology::data_parallel_rank(s, ctx->rank);
+    *out = gtp_sizes_t{sizeof(gtp_sizes_t), ctx->rank, s.world_size, s.tp, s.gtp_remat, s.expt_gtp_remat, s.dp,
+                       data.index, data.count};
+  });
+}
+
+gtp_status_t gtp_stats_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {
+  return copy_text(ctx, "gtp_stats_json", buf, cap, len, [](const gtp_context& c) { return c.runtime->stats_json(); });
+}
+
+gtp_status_t gtp_trace_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {
+  return copy_text(ctx, "gtp_trace_json", buf, cap, len,
+                   [](const gtp_context& c) { return c.runtime->chrome_trace(c.rank); });
+}
+
+}  // extern "C"

@@ -1,0 +1,78 @@
+// The entry points' shared handle and capture checks, the context-free error, and the status strings.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "bindings/c/internal/entry_point.h"
+
+namespace gtp::cabi {
+
+using remat::WeightId;
+
+std::string& context_free_error() {
+  thread_local std::string error;
+  return error;
+}
+
+WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
+  if (w.generation != ctx.generation) {
+    throw StateError("weight handle (id " + std::to_string(w.id) + ", generation " + std::to_string(w.generation) +
+                     ") was issued by another context, one since destroyed, or never (this context's generation is " +
+                     std::to_string(ctx.generation) + ")");
+  }
+  if (!ctx.runtime->registry().contains(w.id)) {
+    throw StateError("weight id " + std::to_string(w.id) + " is not registered (unregistered already?)");
+  }
+  return w.id;
+}
+
+// Runs on every materialize and release, so messages are built only on failure and duplicates are
+// found by sorting a copy rather than with a node-based set.
+std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n) {
+  if (ws == nullptr && n != 0) require(false, "ws is NULL but n is " + std::to_string(n));
+  std::vector<WeightId> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = id_of(ctx, ws[i]);
+  if (n > 1) {
+    std::vector<WeightId> sorted(ids);
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end()) {
+      require(false, "weight id " + std::to_string(*twice) + " is listed twice; list each weight once");
+    }
+  }
+  return ids;
+}
+
+void refuse_under_capture(gtp_context& ctx, const char* call, cudaStream_t stream) {
+  if (ctx.runtime->capture_in_progress(stream)) {
+    throw StateError(std::string(call) +
+                     " is not capture-safe and a CUDA graph capture is in progress on this context's streams; "
+                     "call it before cudaStreamBeginCapture or after cudaStreamEndCapture");
+  }
+}
+
+}  // namespace gtp::cabi
+
+using namespace gtp::cabi;
+
+extern "C" {
+
+const char* gtp_status_string(gtp_status_t status) {
+  switch (as_int(status)) {
+    case GTP_SUCCESS: return "GTP_SUCCESS";
+    case GTP_ERROR_INVALID_ARGUMENT: return "GTP_ERROR_INVALID_ARGUMENT";
+    case GTP_ERROR_INVALID_STATE: return "GTP_ERROR_INVALID_STATE";
+    case GTP_ERROR_TIMEOUT: return "GTP_ERROR_TIMEOUT";
+    case GTP_ERROR_SYSTEM: return "GTP_ERROR_SYSTEM";
+    case GTP_ERROR_CUDA: return "GTP_ERROR_CUDA";
+    case GTP_ERROR_VERSION: return "GTP_ERROR_VERSION";
+    case GTP_ERROR_INTERNAL: return "GTP_ERROR_INTERNAL";
+  }
+  return "unknown gtp_status_t";
+}
+
+const char* gtp_last_error(const gtp_context_t* ctx) {
+  return ctx != nullptr ? ctx->last_error.c_str() : context_free_error().c_str();
+}
+
+}  // extern "C"

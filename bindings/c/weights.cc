@@ -1,0 +1,81 @@
+// The C ABI's weights: register (the descriptor checked and resolved), unregister, shard_updated.
+#include <string>
+#include <vector>
+
+#include "bindings/c/internal/entry_point.h"
+
+using namespace gtp::cabi;
+using gtp::remat::WeightId;
+
+extern "C" {
+
+gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* desc, gtp_weight_t* out) {
+  return on_context(ctx, "gtp_weight_register", [&] {
+    refuse_under_capture(*ctx, "gtp_weight_register");
+    require(desc != nullptr, "desc is NULL");
+    require(out != nullptr, "out is NULL");
+    check_struct_size(desc->struct_size, sizeof(gtp_weight_desc_t), "gtp_weight_desc_t");
+    gtp::remat::WeightDesc d;
+    d.name = desc->name != nullptr ? desc->name : "";
+    d.shard = desc->shard;
+    const int dtype = as_int(desc->dtype), wire = as_int(desc->wire), group = as_int(desc->group);
+    require(dtype == GTP_DTYPE_BF16 || dtype == GTP_DTYPE_FP32,
+            "dtype " + std::to_string(dtype) + " is unknown; use GTP_DTYPE_BF16 or GTP_DTYPE_FP32");
+    d.dtype = dtype == GTP_DTYPE_BF16 ? gtp::kernels::SourceDtype::kBF16 : gtp::kernels::SourceDtype::kFP32;
+    d.rows = desc->rows;
+    d.cols = desc->cols;
+    require(wire >= GTP_WIRE_FROM_GROUP && wire <= GTP_WIRE_NVFP4,
+            "wire " + std::to_string(wire) + " is unknown; use GTP_WIRE_FROM_GROUP, _BF16, _FP8, _MXFP8 or _NVFP4");
+    require(group == GTP_GROUP_GTP_REMAT || group == GTP_GROUP_EXPERT_GTP_REMAT,
+            "group " + std::to_string(group) + " is unknown; use GTP_GROUP_GTP_REMAT or GTP_GROUP_EXPERT_GTP_REMAT");
+    // FROM_GROUP takes the group's whole spec (format, NVFP4 block shape, MXFP8 rounding); the
+    // descriptor's nvfp4_2d / FLOOR below can only add to it.
+    if (wire == GTP_WIRE_FROM_GROUP) {
+      d.wire = ctx->group_wire[group];
+    } else {
+      d.wire.format = static_cast<gtp::kernels::WireFormat>(wire);
+    }
+    const std::string resolved = gtp::kernels::to_string(d.wire.format);
+    require(desc->mx_rounding == GTP_MX_ROUNDING_RCEIL || desc->mx_rounding == GTP_MX_ROUNDING_FLOOR,
+            "mx_rounding " + std::to_string(desc->mx_rounding) +
+                " is unknown; use GTP_MX_ROUNDING_RCEIL (TransformerEngine) or GTP_MX_ROUNDING_FLOOR (OCP MX v1.0)");
+    require(desc->nvfp4_2d == 0 || d.wire.format == gtp::kernels::WireFormat::kNVFP4,
+            "nvfp4_2d is " + std::to_string(desc->nvfp4_2d) + " but the wire is " + resolved +
+                "; 16x16 blocks exist for the nvfp4 wire only: set nvfp4_2d = 0 or wire = GTP_WIRE_NVFP4");
+    if (desc->nvfp4_2d != 0) d.wire.nvfp4_blocks = gtp::kernels::Nvfp4Blocks::k2D;
+    // Other wires ignore the rounding; keeping their spec at the default keeps expert-leader equality
+    // about what the bytes depend on.
+    if (d.wire.format == gtp::kernels::WireFormat::kMXFP8 && desc->mx_rounding == GTP_MX_ROUNDING_FLOOR) {
+      d.wire.mx_rounding = gtp::kernels::ScaleRounding::kFloor;
+    }
+    require(desc->gemm_scale_layout == GTP_SCALE_LAYOUT_ROW_MAJOR ||
+                desc->gemm_scale_layout == GTP_SCALE_LAYOUT_BLOCKED_128X4,
+            "gemm_scale_layout " + std::to_string(desc->gemm_scale_layout) +
+                " is unknown; use GTP_SCALE_LAYOUT_ROW_MAJOR or GTP_SCALE_LAYOUT_BLOCKED_128X4 (cuBLASLt block-scaled GEMMs)");
+    d.gemm_scales = desc->gemm_scale_layout == GTP_SCALE_LAYOUT_BLOCKED_128X4
+                        ? gtp::kernels::ScaleLayout::kBlocked128x4
+                        : gtp::kernels::ScaleLayout::kRowMajor;
+    d.group = group;
+    d.main_grad = desc->main_grad;
+    if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);
+    const WeightId id = ctx->runtime->register_weight(d);
+    *out = gtp_weight_t{id, ctx->generation};
+  });
+}
+
+gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
+  return on_context(ctx, "gtp_weight_unregister", [&] {
+    refuse_under_capture(*ctx, "gtp_weight_unregister");
+    ctx->runtime->unregister_weight(id_of(*ctx, w));
+  }, InvalidArgumentIs::kState);
+}
+
+gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream) {
+  return on_context(ctx, "gtp_weights_shard_updated", [&] {
+    refuse_under_capture(*ctx, "gtp_weights_shard_updated", stream);
+    const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
+    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+  });
+}
+
+}  // extern "C"

@@ -14,7 +14,7 @@ python3 -c "import tarfile, glob; tarfile.open(glob.glob('.carry/te/te_bundle_*.
 export PYTHONPATH=/tmp/te/site:/tmp/te/deps:$PWD/bindings/python
 export GTP_LIBRARY=$PWD/.carry/bin/libgtp.so
 nvidia-smi -L
-python3 -c "import torch, transformer_engine.pytorch as te; print('torch', torch.__version__, 'TE', te.__version__)"
+python3 -c "import torch, transformer_engine as te, transformer_engine.pytorch; print('torch', torch.__version__, 'TE', te.__version__)"
 if [[ $steps == *tests* ]]; then
   echo "== pytest: TE layers on libgtp, gtp.torch CUDA tests, TE-protocol CPU tests"
   python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_te.py bindings/python/tests/test_te_protocol.py \

@@ -160,6 +160,9 @@ def test_refusals_name_the_fix(tmp_path):
         split = te.Linear(HIDDEN, FFN, parameters_split=("a", "b"))
         with pytest.raises(ValueError, match="parameters_split"):
             gt.te.distribute(split, ctx)
+        delayed = te.Linear(HIDDEN, FFN, delay_wgrad_compute=True)
+        with pytest.raises(ValueError, match="delay_wgrad_compute=True"):
+            gt.te.distribute(delayed, ctx)
         layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
         gt.te.distribute(layer, ctx, wire="fp8")
         x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)

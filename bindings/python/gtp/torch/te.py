@@ -50,7 +50,7 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
     prefix: the weights' names in libgtp (default: the module paths); register_kwargs: as
     ShardedParameter's (nvfp4_2d, mx_rounding, gemm_scales).
     Refuses, before changing anything, TE layers that cannot take a distributed weight (te.LayerNormMLP),
-    layers with split parameters, single grouped weights and quantized primary weights."""
+    layers with split parameters, single grouped weights, delayed wgrads and quantized primary weights."""
     group = group or "gtp_remat"
     targets = []
     for path, sub in module.named_modules():
@@ -61,6 +61,11 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
         if kind == "one" and list(sub.weight_names) != ["weight"]:
             raise ValueError(f"{where}: a {type(sub).__name__} with parameters_split {sub.weight_names} has "
                              "several weights in one layer; build it without parameters_split to distribute it")
+        store = getattr(sub, "wgrad_store", None)
+        if kind in ("one", "grouped") and store is not None and store.delay_wgrad_compute():
+            raise ValueError(f"{where}: delay_wgrad_compute=True defers the wgrad to TE's wgrad_store, which never "
+                             "calls finalize_group_grads (the gradient would never be reduce-scattered); build the "
+                             "layer without delay_wgrad_compute to distribute it")
         if kind == "grouped" and getattr(sub, "weight", None) is not None:
             raise ValueError(f"{where}: a GroupedLinear with single_grouped_weight=True keeps its experts in one "
                              "GroupedTensor; build it with single_grouped_weight=False to distribute it")

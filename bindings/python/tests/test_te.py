@@ -171,3 +171,57 @@ def test_refusals_name_the_fix(tmp_path):
                 with te.autocast(enabled=True, recipe=recipe):
                     layer(x)
         ctx.drain()
+
+
+@pytest.mark.parametrize("recipe_name", ["DelayedScaling", "Float8BlockScaling"])
+def test_bf16_wire_under_other_recipes(tmp_path, recipe_name):
+    """te.Linear quantizes the gathered BF16 weight itself under any recipe: it trains as TE without GTP
+    (bounded: delayed scaling re-quantizes the re-gathered weight in backward where TE without GTP
+    keeps its forward workspace); LayerNormLinear would feed it to dgrad unquantized: refused."""
+    recipe = getattr(te_recipe, recipe_name)()
+    torch.manual_seed(0)
+    ref = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        gt.te.distribute(layer, ctx)
+        for step in range(3):
+            x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16,
+                            generator=torch.Generator("cuda").manual_seed(step))
+            losses = []
+            for module in (ref, layer):
+                with te.autocast(enabled=True, recipe=recipe):
+                    loss = module(x).float().square().mean()
+                loss.backward()
+                losses.append(loss.detach())
+            torch.testing.assert_close(losses[1], losses[0], rtol=1e-2, atol=0)
+            torch.testing.assert_close(layer.weight.grad.float(), ref.weight.grad.float(), rtol=0.1, atol=1e-3)
+            layer.weight.grad = ref.weight.grad = None
+        lnl = te.LayerNormLinear(HIDDEN, FFN, params_dtype=torch.bfloat16)
+        gt.te.distribute(lnl, ctx)
+        with te.autocast(enabled=True, recipe=recipe):
+            y = lnl(torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="layernorm_linear feeds a re-gathered distributed weight"):
+            y.float().sum().backward()
+        ctx.drain()
+
+
+def test_mxfp8_wire_codes_against_te_quantizer_where_it_runs(tmp_path):
+    """The MXFP8 wire's GEMM-layout codes and row-major E8M0 scales against TE's own MXFP8Quantizer
+    (row-wise) on the same BF16 weight, where TE's quantizer runs (its GEMMs need sm_100)."""
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer
+    torch.manual_seed(2)
+    weight = torch.randn(FFN, HIDDEN, device="cuda").to(torch.bfloat16)
+    weight[0, :32] = 0.0  # an all-zero block
+    try:
+        theirs = MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)(weight)
+        torch.cuda.synchronize()
+    except RuntimeError as error:
+        pytest.skip(f"TE's MXFP8 quantizer does not run on {torch.cuda.get_device_name()}: {error}")
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        w = gt.ShardedParameter(weight.clone(), ctx, "w", FFN, HIDDEN, wire="mxfp8")
+        ctx.shard_updated([w])
+        (view,) = w.materialize_group_views(layout="gemm")
+        assert torch.equal(view.data.tensor[:FFN], theirs._rowwise_data), "E4M3 codes"
+        assert torch.equal(view.scales.tensor[:FFN], theirs._rowwise_scale_inv[:FFN, :HIDDEN // 32]), "E8M0 scales"
+        w.release_group("gemm")

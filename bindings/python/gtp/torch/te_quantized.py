@@ -41,8 +41,8 @@ def phase_recipe(param, phase):
 
 
 def _te_caller():
-    """The file name of the TE module that called the protocol (the first frame outside gtp and TE's
-    dispatchers), or ""."""
+    """The file name of the nearest calling frame in TE's pytorch/module/ folder (the TE layer that
+    called the protocol), or "" when no TE layer is on the stack."""
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename

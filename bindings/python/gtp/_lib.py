@@ -179,11 +179,28 @@ _lib = None
 _lib_path = None
 
 
+def _preload_pip_nccl():
+    """Loads the NCCL of the pip package nvidia-nccl (what torch's CUDA wheels link), if installed,
+    before libgtp: libnccl.so.2 is one soname per process, and libgtp's own search would otherwise find
+    the CUDA toolkit's older copy first, after which `import torch` fails on a missing NCCL symbol.
+    libgtp uses only long-standing NCCL calls, which the newer library keeps."""
+    try:
+        import nvidia.nccl  # a namespace package: no code runs
+    except ImportError:
+        return
+    for folder in getattr(nvidia.nccl, "__path__", []):
+        candidate = os.path.join(folder, "lib", "libnccl.so.2")
+        if os.path.exists(candidate):
+            ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
 def lib():
     """The loaded libgtp (loaded once per process)."""
     global _lib, _lib_path
     if _lib is None:
         path = find_library()
+        _preload_pip_nccl()
         loaded = ctypes.CDLL(path)
         _declare(loaded)
         _lib, _lib_path = loaded, path

@@ -397,3 +397,13 @@ def test_column_and_row_parallel_with_tp2_g2_match_the_unsharded_model():
         g = r["row_geometry"]
         row_slice = mean["row"][:, t * 48:(t + 1) * 48]
         torch.testing.assert_close(r["row_grad"], row_slice[g.row_start:g.row_start + g.valid_rows], **close)
+
+
+def test_gtp_loaded_before_torch_leaves_torch_importable():
+    """libnccl.so.2 is one soname per process: loading libgtp first must not pin an NCCL older than
+    torch's (the CUDA toolkit's), or `import torch` fails on a missing NCCL symbol."""
+    import subprocess
+    code = "import gtp; gtp.library_path(); import torch; print(torch.__version__)"
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

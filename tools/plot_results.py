@@ -3,7 +3,7 @@
 
     python3 tools/plot_results.py --results bench/results --out bench/results/plots
 
-Four plots, each titled with the machine and the commit its JSON records:
+Five plots, each titled with the machine and the commit its JSON records:
   kernels.png             every wire-format kernel as % of a same-bytes device copy, per size
                           (the kernel_bench*.json with the highest _vN)
   kernels_vs_peer.png     our time against the torch.compile peer's, per format, op and size
@@ -13,6 +13,9 @@ Four plots, each titled with the machine and the commit its JSON records:
                           depth and microbatch count (every overlap_*.json)
   collectives.png         libgtp's all-gather / reduce-scatter against raw NCCL, and the wire
                           formats end to end against the BF16 gather (every comm_*.json)
+  te_stack.png            TE layers with libgtp against the same TE stack without it: step-time
+                          ratio and libgtp's peak memory per mode, microbatches and keep_gathered
+                          (te_stack_bench.json)
 
 A JSON that lacks a field the plots need stops the script with exit 1 and a message naming the file
 and the field. Needs matplotlib and numpy (tools/constraints.txt pins them).
@@ -26,7 +29,7 @@ import sys
 import textwrap
 
 WIDTH_IN, HEIGHT_IN, DPI = 13.0, 7.0, 100  # every PNG is 1300 x 700 pixels
-PLOTS = ("kernels.png", "kernels_vs_peer.png", "overlap.png", "collectives.png")
+PLOTS = ("kernels.png", "kernels_vs_peer.png", "overlap.png", "collectives.png", "te_stack.png")
 
 
 class ResultsError(Exception):
@@ -66,6 +69,8 @@ def latest(results, pattern):
 
 def machine_text(doc, path):
     m = doc.get("machine")
+    if isinstance(m, str) and m:
+        return m
     if isinstance(m, dict) and "gpu" in m:
         sms = m.get("sms", m.get("sm_count"))
         return m["gpu"] + (f" ({sms} SMs)" if sms else "")
@@ -267,6 +272,39 @@ def plot_collectives(plt, np, results, out):
     return save(fig, out, "collectives.png")
 
 
+def plot_te_stack(plt, np, results, out):
+    path = os.path.join(results, "te_stack_bench.json")
+    if not os.path.exists(path):
+        raise ResultsError(f"no te_stack_bench.json in {results}")
+    doc = load(path)
+    labels, ratios, memory = [], [], []
+    for i, c in enumerate(need(doc, "configs", path)):
+        where = f"{path} configs[{i}]"
+        labels.append(f"{need(c, 'mode', where)} ({need(c, 'wire', where)} wire) B={need(c, 'microbatches', where)} "
+                      f"keep {'on' if need(c, 'keep_gathered', where) else 'off'}")
+        ratios.append(need(c, "step_ratio", where))
+        memory.append(need(c, "libgtp_peak_bytes", where) / 2**20)
+    title = (f"TransformerEngine stack: {need(doc, 'layers', path)} x te.Linear({need(doc, 'hidden', path)}), "
+             f"{need(doc, 'tokens_per_microbatch', path)} tokens per microbatch, G = 1: libgtp on / off")
+    fig = figure(plt, title, [source_line(doc, path)])
+    y = np.arange(len(labels))
+    for k, (values, name) in enumerate(((ratios, "step time, libgtp on / TE alone"),
+                                        (memory, "libgtp's peak memory, MiB"))):
+        ax = fig.add_axes([0.25 + k * 0.39, 0.08, 0.33, 0.72])
+        ax.barh(y, values, color="tab:blue" if k == 0 else "tab:green")
+        if k == 0:
+            ax.axvline(1.03, color="red", linestyle="--", linewidth=0.8, label="target 1.03 (B=4, keep on)")
+            ax.axvline(1, color="black", linewidth=0.8)
+            ax.set_xlim(0.95, max(values) + 0.08)
+            ax.legend(fontsize=8, loc="lower right")
+        ax.set_yticks(y, labels if k == 0 else [""] * len(labels), fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(name)
+        for yi, v in zip(y, values):
+            ax.text(v, yi, f" {v:.3f}" if k == 0 else f" {v:.0f}", va="center", fontsize=7)
+    return save(fig, out, "te_stack.png")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--results", required=True, help="folder with the results JSON")
@@ -283,7 +321,7 @@ def main(argv=None):
         return 2
     os.makedirs(args.out, exist_ok=True)
     try:
-        for plot in (plot_kernels, plot_peer, plot_overlap, plot_collectives):
+        for plot in (plot_kernels, plot_peer, plot_overlap, plot_collectives, plot_te_stack):
             print(f"wrote {plot(plt, np, args.results, args.out)}")
             plt.close("all")
     except ResultsError as e:

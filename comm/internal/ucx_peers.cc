@@ -54,6 +54,15 @@ UcxWorker::UcxWorker() {
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) throw CommError("UCX: cannot read its configuration: " + status_text(status), false);
   if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "tcp");
+  // A root listening again on the port of an earlier job (one process bootstrapping several times)
+  // would fail while that job's closed connections sit in TIME_WAIT: SO_REUSEADDR on the listener.
+  if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
+    status = ucp_config_modify(config, "TCP_CM_REUSEADDR", "y");
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      throw CommError("UCX: cannot set TCP_CM_REUSEADDR: " + status_text(status), false);
+    }
+  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

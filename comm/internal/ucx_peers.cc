@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -50,19 +51,17 @@ void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<E
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
 UcxWorker::UcxWorker() {
+  // A root listening again on the port of an earlier job of this process (gtp-overlap-bench bootstraps
+  // every configuration on GTP_ROOT_ADDR) fails while that job's connections sit in TIME_WAIT, unless
+  // the listener sets SO_REUSEADDR. UCX 1.13 reads that from the environment only (ucp_config_modify
+  // does not reach its connection manager), so it is set once, before the first UCX context; a value
+  // the user set wins.
+  static std::once_flag reuse_address;
+  std::call_once(reuse_address, [] { setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) throw CommError("UCX: cannot read its configuration: " + status_text(status), false);
   if (std::getenv("UCX_TLS") == nullptr) ucp_config_modify(config, "TLS", "tcp");
-  // A root listening again on the port of an earlier job (one process bootstrapping several times)
-  // would fail while that job's closed connections sit in TIME_WAIT: SO_REUSEADDR on the listener.
-  if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
-    status = ucp_config_modify(config, "TCP_CM_REUSEADDR", "y");
-    if (status != UCS_OK) {
-      ucp_config_release(config);
-      throw CommError("UCX: cannot set TCP_CM_REUSEADDR: " + status_text(status), false);
-    }
-  }
 
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/internal/logging_backend.h"
@@ -166,6 +167,45 @@ TEST(Ordering, AGradBufferWaitsOnlyForItsOwnLastUseNotForTheReduceScatterJustIss
   model.runtime.finalize(&w0, 1, true, s);
   model.runtime.drain(s);
   EXPECT_EQ(model.runtime.grads_stats().pool_buffers, 2);
+}
+
+// An eager drain prefetches the next step's head after joining the side streams; it then joins the
+// head's gathers into its stream too, so synchronizing that stream before a capture covers every gather
+// the captured step reads without a wait (docs/remat.md, CUDA graphs, rule 2).
+TEST(Ordering, AnEagerDrainJoinsTheHeadItPrefetchesIntoItsStream) {
+  LoggingBackend backend;
+  Model model(backend);
+  const WeightId ids[] = {model.add("w0", 0), model.add("w1", 0)};
+  const Stream s = consumer_stream(1);
+  model.runtime.shard_updated(ids, 2, s);
+  const auto step = [&](Runtime::Head head) {
+    for (int i = 0; i < 2; ++i) {
+      model.runtime.materialize(&ids[i], 1, Phase::kForward, 0, Layout::kBF16, s);
+      model.runtime.release(&ids[i], 1, s);
+    }
+    for (int i = 1; i >= 0; --i) {
+      model.runtime.materialize(&ids[i], 1, Phase::kBackward, 0, Layout::kBF16, s);
+      model.runtime.release(&ids[i], 1, s);
+    }
+    const std::size_t waits = backend.waits.size();
+    const int mark = static_cast<int>(backend.log.size());
+    model.runtime.drain(s, head);
+    int last_gather = -1;  // the head's all-gather, issued by this drain
+    for (int i = mark; i < static_cast<int>(backend.log.size()); ++i) {
+      if (backend.log[i] == "all_gather on ag0") last_gather = i;
+    }
+    bool joined = false;  // `s` waited on an event of ag0 recorded after that gather
+    for (Event e : backend.waited_by(s, waits)) {
+      joined = joined || (backend.stream_name(backend.recorded.at(e)) == "ag0" && backend.recorded_at.at(e) > last_gather);
+    }
+    return std::make_pair(last_gather, joined);
+  };
+  step(Runtime::Head::kAtDrain);  // records the chains
+  const auto [gathered, joined] = step(Runtime::Head::kAtDrain);
+  EXPECT_GE(gathered, 0) << "the drain prefetched no head";
+  EXPECT_TRUE(joined) << "syncing the drain's stream would not cover the head's gather";
+  model.runtime.shard_updated(ids, 2, s);
+  EXPECT_EQ(step(Runtime::Head::kAfterShardUpdate).first, -1) << "the head deferred to shard_updated was gathered at drain";
 }
 
 // G = 1: the reduce-scatter is the identity, so the wgrad goes straight into the main grad and

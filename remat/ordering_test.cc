@@ -208,6 +208,26 @@ TEST(Ordering, AnEagerDrainJoinsTheHeadItPrefetchesIntoItsStream) {
   EXPECT_EQ(step(Runtime::Head::kAfterShardUpdate).first, -1) << "the head deferred to shard_updated was gathered at drain";
 }
 
+// The warm-up the CUDA backend runs at construction (NCCL connects at a communicator's first
+// collective, which must not be a captured fill): per group each collective kind the runtime issues,
+// on the stream (and so the communicator) it issues it on, then one synchronization; nothing left
+// allocated.
+TEST(Ordering, TheWarmUpIssuesEachCollectiveKindOnEachGroupsStreamsThenSynchronizes) {
+  LoggingBackend backend(2, 2);
+  backend.warm_up_collectives();
+  std::vector<std::string> expected;
+  for (const char* g : {"0", "1"}) {
+    for (const std::string line : {"fill on ag", "all_reduce_max on ag", "all_gather on ag", "fill on rs",
+                                   "reduce_scatter on rs"}) {
+      expected.push_back(line + g);
+    }
+  }
+  expected.push_back("synchronize");
+  EXPECT_EQ(backend.log, expected);
+  EXPECT_EQ(backend.memory().bytes_in_use, 0);
+  EXPECT_EQ(backend.memory().allocations, 1);
+}
+
 // G = 1: the reduce-scatter is the identity, so the wgrad goes straight into the main grad and
 // finalize enqueues only the grad-ready callback, after the consumer's wgrad.
 TEST(Ordering, OnASizeOneGroupAnUndefinedGradBufferIsTheMainGradAndFinalizeMovesNothing) {

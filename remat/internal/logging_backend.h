@@ -70,6 +70,7 @@ class LoggingBackend : public Backend {
     log.push_back(stream_name(s) + " waits " + stream_name(recorded.at(e)));
   }
   void forget(Event e) override { forgotten.push_back(e); }
+  void synchronize_side_streams() override { log.push_back("synchronize"); }
 
   std::string stream_name(Stream s) const {
     const auto i = static_cast<int>(reinterpret_cast<std::intptr_t>(s));

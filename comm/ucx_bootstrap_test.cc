@@ -84,6 +84,20 @@ TEST(UcxBootstrap, CollectivesDeliverEveryRanksData) {
   }
 }
 
+// A job after a world > 1 job on the same port (gtp-overlap-bench bootstraps every configuration on
+// GTP_ROOT_ADDR): the first job's closed connections on the root port sit in TIME_WAIT, and without
+// address reuse the second root cannot listen there.
+TEST(UcxBootstrap, JobsBackToBackOnOnePortBothBootstrap) {
+  const int port = free_port();
+  for (int job = 0; job < 3; ++job) {
+    SCOPED_TRACE("job " + std::to_string(job));
+    rethrow_first(run_ranks(2, [&](int rank) {
+      UcxBootstrap bootstrap(loopback(rank, 2, port, milliseconds(10000)));
+      exercise_bootstrap(bootstrap);
+    }));
+  }
+}
+
 TEST(UcxBootstrap, RootListensOnAFreePortWhenGivenZero) {
   UcxBootstrap bootstrap(loopback(0, 1, 0, milliseconds(2000)));
   EXPECT_GT(bootstrap.root_port(), 0);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace gtp::remat {
 
@@ -55,6 +56,40 @@ Backend::CollectiveBatch::~CollectiveBatch() {
     backend_.end_collectives();
   } catch (...) {  // only reached while an earlier error unwinds; that one is reported
   }
+}
+
+void Backend::warm_up_collectives() {
+  // Per group and role its own zeroed floats (one per rank), so the two streams never share a byte.
+  std::vector<std::int64_t> offsets;
+  std::int64_t floats = 0;
+  for (int g = 0; g < group_count(); ++g) {
+    offsets.push_back(floats);
+    floats += 2 * group_size(g);
+  }
+  const std::int64_t bytes = floats * static_cast<std::int64_t>(sizeof(float));
+  auto* scratch = static_cast<float*>(allocate(bytes));
+  try {
+    for (int g = 0; g < group_count(); ++g) {
+      float* gathered = scratch + offsets[g];
+      float* reduced = gathered + group_size(g);
+      const Stream gather = side_stream(g, Role::kGather);
+      const Stream rs = side_stream(g, Role::kReduceScatter);
+      fill(gather, gathered, 0, group_size(g) * static_cast<std::int64_t>(sizeof(float)));
+      all_reduce_max(gather, g, gathered, 1);
+      all_gather(gather, g, gathered + group_rank(g), gathered, sizeof(float));  // in place
+      fill(rs, reduced, 0, group_size(g) * static_cast<std::int64_t>(sizeof(float)));
+      reduce_scatter_mean(rs, g, reduced, reduced + group_rank(g), 1);  // in place
+    }
+    synchronize_side_streams();
+  } catch (...) {
+    try {  // the first error is the one reported; the scratch is freed once nothing reads it
+      synchronize_side_streams();
+      deallocate(scratch, bytes);
+    } catch (...) {
+    }
+    throw;
+  }
+  deallocate(scratch, bytes);
 }
 
 void Backend::order(Stream waiter, Stream producer) {

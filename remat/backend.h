@@ -111,6 +111,14 @@ class Backend {
   // A launched graph may still be running: it is freed once it has finished. Never throws.
   virtual void destroy_graph(Graph graph) noexcept;
 
+  // Collective (every rank of every group calls it at the same point, before any other collective):
+  // per group one collective of each kind the runtime issues, on the stream and communicator it
+  // issues it on (all_reduce_max and all_gather on the gather stream, reduce_scatter_mean on the
+  // reduce-scatter stream), over a few bytes, then synchronize_side_streams(). A transport that sets
+  // up its connections at a communicator's first collective (NCCL) does so here, not inside a fill
+  // graph or a caller's capture. The CUDA backend calls it at construction.
+  void warm_up_collectives();
+
   // Orders later work on `waiter` after everything enqueued on `producer` so far.
   void order(Stream waiter, Stream producer);
   // Orders later work on `waiter` after everything enqueued so far on every side stream.
@@ -161,6 +169,8 @@ class Backend {
   virtual void end_collectives() {}
   virtual void begin_call() {}
   virtual void end_call() {}
+  // Blocks the host until every side stream's work is done (warm_up_collectives only).
+  virtual void synchronize_side_streams() {}
   virtual void* do_allocate(std::int64_t bytes) = 0;
   virtual void do_deallocate(void* ptr) = 0;
 

@@ -102,6 +102,13 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
     side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities[g].gather));
     side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities[g].reduce_scatter));
   }
+  // NCCL connects a communicator's peers at its first collective; that must not be inside a fill graph
+  // or a caller's capture (with the BF16 wire no amax all-reduce comes before the first gather).
+  warm_up_collectives();
+}
+
+void CudaBackend::synchronize_side_streams() {
+  for (cudaStream_t stream : side_) check(cudaStreamSynchronize(stream), "cudaStreamSynchronize (warm-up collectives)");
 }
 
 CudaBackend::~CudaBackend() {

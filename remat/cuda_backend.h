@@ -51,7 +51,9 @@ class CudaBackend : public Backend {
   // for an empty list, a null or empty communicator, a reduce-scatter communicator that is also a
   // gather communicator (of any group), or one whose size or rank differs from its gather
   // communicator's; all but the last are checked before any CUDA or NCCL call. Throws CudaError when
-  // CUDA fails (here and in every call).
+  // CUDA fails (here and in every call). Collective: it ends with warm_up_collectives() (one
+  // all-reduce max, all-gather and reduce-scatter per group, synchronized), so every rank of every
+  // group constructs its backend at the same point.
   // priorities[g] sets group g's side-stream priorities; empty: every group's side streams at the
   // device's greatest priority; any other count is std::invalid_argument (before any CUDA call).
   CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
@@ -114,6 +116,7 @@ class CudaBackend : public Backend {
   // Within a call, each stream's capture status is read once (capture_id).
   void begin_call() override;
   void end_call() override;
+  void synchronize_side_streams() override;
 
  private:
   // Throws std::invalid_argument for an unknown group.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,49 @@ TEST(CudaFillGraphs, LaunchedFillsMatchTheCpuReferenceAndAreRecordedOnce) {
     for (WeightId id : ids) runtime.unregister_weight(id);
     cudaStreamDestroy(stream);
   }
+}
+
+// With the BF16 wire nothing collective precedes the first gather (no amax reduction), so the first
+// fill's recording is the first use of the gather communicator the runtime makes; the backend's
+// construction warmed both communicators up (warm_up_collectives), so NCCL's lazy connection setup is
+// not captured. On one GPU the group has no peers to connect; with G > 1 this is the case issue 23
+// found. The recorded fill is launched and gathers the shard exactly.
+TEST(CudaFillGraphs, AFillGraphRecordedAsTheFirstGatherOfTheCommunicatorIsExact) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  constexpr std::int64_t kRows = 64, kCols = 128;
+  std::vector<std::uint16_t> host(kRows * kCols);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::uint16_t>(0x3c00 + (i * 2654435761u) % 0x0400);
+  void* shard = nullptr;
+  ASSERT_EQ(cudaMalloc(&shard, host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(shard, host.data(), host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  RuntimeConfig config;
+  config.fill_graphs = 8;
+  Runtime runtime(backend, config);
+  WeightDesc desc;
+  desc.name = "bf16";
+  desc.shard = shard;
+  desc.rows = kRows;
+  desc.cols = kCols;
+  desc.wire = {kernels::WireFormat::kBF16};
+  const WeightId id = runtime.register_weight(desc);
+  runtime.shard_updated(&id, 1, stream);
+  const auto out = runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, stream);
+  std::vector<std::uint16_t> gathered(host.size());
+  ASSERT_EQ(cudaMemcpyAsync(gathered.data(), out[0], gathered.size() * 2, cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(runtime.group_stats(0).graph_recordings, 1) << runtime.stats_json();
+  EXPECT_EQ(gathered, host);
+  runtime.release(&id, 1, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  runtime.unregister_weight(id);
+  cudaFree(shard);
+  cudaStreamDestroy(stream);
 }
 
 // A fill recorded over an aborted communicator fails with the error, and the gather stream is not

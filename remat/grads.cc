@@ -32,7 +32,7 @@ Grads::Pooled Grads::take(std::int64_t bytes, Stream stream) {
     const auto found = std::prev(last);
     Pooled buffer = found->second;
     pool_.erase(found);
-    backend_.wait(stream, buffer.ready);
+    backend_.wait(stream, buffer.ready);  // its last reduce-scatter and add, nothing issued after them
     backend_.forget(buffer.ready);
     return buffer;
   }
@@ -70,7 +70,8 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   if (held != handed_out_.end()) return GradBuffer{held->second.ptr, false};
   const Stream rs = rs_stream(id);
   if (init == GradInit::kUndefined && into_main_grad(weight)) {
-    // An add of an earlier buffer into this main grad may still be pending or running on `rs`.
+    // An add of an earlier buffer into this main grad may still be pending or running on `rs` (a size-1
+    // group: its stream holds adds and callbacks, no reduce-scatter to queue behind).
     if (busy(id)) apply_pending();
     backend_.order(stream, rs);
     handed_out_[id] = Pooled{weight.desc.main_grad, 0, 0, true};
@@ -78,15 +79,17 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   }
   const std::int64_t row_bytes = weight.desc.cols * static_cast<std::int64_t>(sizeof(float));
   const std::int64_t bytes = weight.geometry.padded_rows * row_bytes;
-  Pooled buffer = take(bytes, rs);
+  // The consumer waits for this buffer's own last use only and fills it itself: waiting on the whole
+  // reduce-scatter stream would queue its wgrad behind the reduce-scatter of the weight finalized just
+  // before (every reduce-scatter of a backward exposed).
+  Pooled buffer = take(bytes, stream);
   // kUndefined leaves the weight's rows to the consumer's first write; the padding rows are never
   // written by it but are reduced, so they are zeroed either way.
   const bool zeroed = init == GradInit::kZero;
   const std::int64_t first_filled = zeroed ? 0 : weight.desc.rows;
   if (first_filled < weight.geometry.padded_rows) {
-    backend_.fill(rs, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
+    backend_.fill(stream, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
   }
-  backend_.order(stream, rs);  // with no fill too: the consumer writes only after the buffer's last reduce-scatter read it
   handed_out_[id] = buffer;
   return GradBuffer{buffer.ptr, !zeroed};
 }

@@ -85,14 +85,14 @@ class Grads {
   struct Pooled {
     float* ptr = nullptr;
     std::int64_t bytes = 0;
-    Event ready = 0;  // event after its last use (on the reduce-scatter stream that used it)
+    Event ready = 0;  // after its last use: its reduce-scatter and main-grad add, on that group's stream
     bool main_grad = false;  // the weight's main grad handed out as its buffer: not pooled, not owned
   };
   struct Pending {
     WeightId id = kNoWeight;
     Pooled reduced;  // the grad buffer, its shard rows reduced in place
   };
-  // Pool buffers are shared by every group: `stream` (the user's side stream) waits on the last use.
+  // Pool buffers are shared by every group: `stream` (the consumer's) waits on the buffer's last use.
   Pooled take(std::int64_t bytes, Stream stream);
   void give_back(Pooled buffer, Stream stream);
   Stream rs_stream(WeightId id) const;

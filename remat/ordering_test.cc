@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "remat/internal/logging_backend.h"
@@ -58,11 +59,11 @@ TEST(Ordering, ReduceScattersRunOnTheirOwnStreamAndARegatherNeverWaitsOnThem) {
     model.runtime.materialize(&id, 1, Phase::kForward, 0, Layout::kBF16, s);
     model.runtime.release(&id, 1, s);
   }
-  // Backward of w1: its wgrad buffer is zeroed on rs0 and handed to the consumer after it.
+  // Backward of w1: a new wgrad buffer, zeroed on the consumer stream, which waits on nothing for it.
   model.runtime.materialize(&ids[1], 1, Phase::kBackward, 0, Layout::kBF16, s);
   int mark = static_cast<int>(backend.log.size());
   model.runtime.grad_buffer(ids[1], s);
-  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"fill on rs0", "s1 waits rs0"}));
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"fill on s1"}));
   model.runtime.release(&ids[1], 1, s);
   mark = static_cast<int>(backend.log.size());
   model.runtime.finalize(&ids[1], 1, true, s);
@@ -114,16 +115,117 @@ TEST(Ordering, AnUndefinedGradBufferIsNotFilledButStillWaitsForItsLastReduceScat
     const GradBuffer buffer = model.runtime.grad_buffer(id, s, GradInit::kUndefined);
     EXPECT_TRUE(buffer.overwrite);
     EXPECT_NE(buffer.data, model.main_grads[0].data());
-    const auto handed_out = since(backend, mark);
-    for (const std::string& line : handed_out) EXPECT_EQ(line.find("fill"), std::string::npos) << line;
-    ASSERT_FALSE(handed_out.empty());
-    EXPECT_EQ(handed_out.back(), "s1 waits rs0") << "the consumer's first write must follow the last reduce-scatter";
+    // A new buffer has no earlier use to wait for; a reused one its last reduce-scatter (and add).
+    EXPECT_EQ(since(backend, mark), step == 0 ? std::vector<std::string>{} : std::vector<std::string>{"s1 waits rs0"})
+        << "the consumer's first write must follow the buffer's last reduce-scatter, and nothing else";
     EXPECT_FALSE(model.runtime.grad_buffer(id, s, GradInit::kUndefined).overwrite);
     model.runtime.finalize(&id, 1, true, s);
     model.runtime.drain(s);
   }
   EXPECT_EQ(model.runtime.grads_stats().reduce_scatters, 2);
   EXPECT_EQ(model.runtime.grads_stats().into_main_grad, 0);
+}
+
+// Backward on a group of 2: grad_buffer(L-1) comes right after finalize(L) issued the reduce-scatter
+// of L. The consumer must not wait for that reduce-scatter (it would expose every reduce-scatter of
+// the backward behind the next wgrad): a new buffer waits on nothing and is zeroed on the consumer
+// stream; a pooled buffer waits on exactly its own last use (its reduce-scatter and main-grad add,
+// recorded when it went back to the pool), not on the reduce-scatter issued after that.
+TEST(Ordering, AGradBufferWaitsOnlyForItsOwnLastUseNotForTheReduceScatterJustIssued) {
+  LoggingBackend backend(1, 2);
+  Model model(backend);
+  const WeightId w0 = model.add("w0", 0), w1 = model.add("w1", 0), w2 = model.add("w2", 0);
+  const Stream s = consumer_stream(1);
+  const float* first = model.runtime.grad_buffer(w2, s).data;
+  model.runtime.finalize(&w2, 1, true, s);
+  const int rs_w2 = backend.find("reduce_scatter on rs0");
+  ASSERT_GE(rs_w2, 0);
+
+  // w1: a new buffer (w2's is still held by its reduce-scatter until the next finalize).
+  std::size_t waits = backend.waits.size();
+  int mark = static_cast<int>(backend.log.size());
+  EXPECT_NE(model.runtime.grad_buffer(w1, s).data, first);
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"fill on s1"}));
+  EXPECT_TRUE(backend.waited_by(s, waits).empty()) << "the consumer waited behind the reduce-scatter of w2";
+  model.runtime.finalize(&w1, 1, true, s);  // adds w2's shard into its main grad, pools w2's buffer, reduces w1
+  const int add_w2 = backend.find("add on rs0", rs_w2);
+  const int rs_w1 = backend.find("reduce_scatter on rs0", rs_w2 + 1);
+  ASSERT_GE(add_w2, 0);
+  ASSERT_GT(rs_w1, add_w2);
+
+  // w0: w2's buffer again, after its add into w2's main grad read it, not after w1's reduce-scatter.
+  waits = backend.waits.size();
+  mark = static_cast<int>(backend.log.size());
+  EXPECT_EQ(model.runtime.grad_buffer(w0, s).data, first) << "the pooled buffer given back last";
+  const std::vector<Event> waited = backend.waited_by(s, waits);
+  ASSERT_EQ(waited.size(), 1u) << ::testing::PrintToString(since(backend, mark));
+  EXPECT_EQ(backend.stream_name(backend.recorded.at(waited[0])), "rs0");
+  EXPECT_GT(backend.recorded_at.at(waited[0]), add_w2) << "reused while its last add may still read it";
+  EXPECT_LE(backend.recorded_at.at(waited[0]), rs_w1) << "the consumer waited behind the reduce-scatter of w1";
+  EXPECT_EQ(since(backend, mark), (std::vector<std::string>{"s1 waits rs0", "fill on s1"}));
+  for (const std::string& line : since(backend, mark)) EXPECT_EQ(line.find("on rs0"), std::string::npos) << line;
+  model.runtime.finalize(&w0, 1, true, s);
+  model.runtime.drain(s);
+  EXPECT_EQ(model.runtime.grads_stats().pool_buffers, 2);
+}
+
+// An eager drain prefetches the next step's head after joining the side streams; it then joins the
+// head's gathers into its stream too, so synchronizing that stream before a capture covers every gather
+// the captured step reads without a wait (docs/remat.md, CUDA graphs, rule 2).
+TEST(Ordering, AnEagerDrainJoinsTheHeadItPrefetchesIntoItsStream) {
+  LoggingBackend backend;
+  Model model(backend);
+  const WeightId ids[] = {model.add("w0", 0), model.add("w1", 0)};
+  const Stream s = consumer_stream(1);
+  model.runtime.shard_updated(ids, 2, s);
+  const auto step = [&](Runtime::Head head) {
+    for (int i = 0; i < 2; ++i) {
+      model.runtime.materialize(&ids[i], 1, Phase::kForward, 0, Layout::kBF16, s);
+      model.runtime.release(&ids[i], 1, s);
+    }
+    for (int i = 1; i >= 0; --i) {
+      model.runtime.materialize(&ids[i], 1, Phase::kBackward, 0, Layout::kBF16, s);
+      model.runtime.release(&ids[i], 1, s);
+    }
+    const std::size_t waits = backend.waits.size();
+    const int mark = static_cast<int>(backend.log.size());
+    model.runtime.drain(s, head);
+    int last_gather = -1;  // the head's all-gather, issued by this drain
+    for (int i = mark; i < static_cast<int>(backend.log.size()); ++i) {
+      if (backend.log[i] == "all_gather on ag0") last_gather = i;
+    }
+    bool joined = false;  // `s` waited on an event of ag0 recorded after that gather
+    for (Event e : backend.waited_by(s, waits)) {
+      joined = joined || (backend.stream_name(backend.recorded.at(e)) == "ag0" && backend.recorded_at.at(e) > last_gather);
+    }
+    return std::make_pair(last_gather, joined);
+  };
+  step(Runtime::Head::kAtDrain);  // records the chains
+  const auto [gathered, joined] = step(Runtime::Head::kAtDrain);
+  EXPECT_GE(gathered, 0) << "the drain prefetched no head";
+  EXPECT_TRUE(joined) << "syncing the drain's stream would not cover the head's gather";
+  model.runtime.shard_updated(ids, 2, s);
+  EXPECT_EQ(step(Runtime::Head::kAfterShardUpdate).first, -1) << "the head deferred to shard_updated was gathered at drain";
+}
+
+// The warm-up the CUDA backend runs at construction (NCCL connects at a communicator's first
+// collective, which must not be a captured fill): per group each collective kind the runtime issues,
+// on the stream (and so the communicator) it issues it on, then one synchronization; nothing left
+// allocated.
+TEST(Ordering, TheWarmUpIssuesEachCollectiveKindOnEachGroupsStreamsThenSynchronizes) {
+  LoggingBackend backend(2, 2);
+  backend.warm_up_collectives();
+  std::vector<std::string> expected;
+  for (const char* g : {"0", "1"}) {
+    for (const std::string line : {"fill on ag", "all_reduce_max on ag", "all_gather on ag", "fill on rs",
+                                   "reduce_scatter on rs"}) {
+      expected.push_back(line + g);
+    }
+  }
+  expected.push_back("synchronize");
+  EXPECT_EQ(backend.log, expected);
+  EXPECT_EQ(backend.memory().bytes_in_use, 0);
+  EXPECT_EQ(backend.memory().allocations, 1);
 }
 
 // G = 1: the reduce-scatter is the identity, so the wgrad goes straight into the main grad and

@@ -54,6 +54,12 @@ void Runtime::drain(Stream stream, Head head) {
   head_deferred_ = head == Head::kAfterShardUpdate;
   if (!head_deferred_) refill(active_chain_);
   std::vector<std::int64_t> now = boundary();
+  if (!captured && !head_deferred_) {
+    // The head's gathers went out after grads_.drain joined the side streams. Joined too, so that
+    // synchronizing `stream` before a capture covers them: inside the capture the first materialize's
+    // wait on the head's ready event is dropped, and the first replay would read the head unfinished.
+    for (int g = 0; g < backend_.group_count(); ++g) backend_.order(stream, backend_.side_stream(g, Role::kGather));
+  }
   if (captured) {
     // Every fork joins the capturing stream, and each replay must leave the head where the next reads it.
     backend_.join_all(stream);

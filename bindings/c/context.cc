@@ -2,6 +2,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bindings/c/internal/entry_point.h"
 
@@ -64,8 +65,13 @@ gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
     check_struct_size(out->struct_size, sizeof(gtp_sizes_t), "gtp_sizes_t");
     const gtp::topology::ParallelSizes& s = ctx->sizes;
     const gtp::topology::DataParallelRank data = gtp::topology::data_parallel_rank(s, ctx->rank);
+    // A single-dimension group lists its ranks along that dimension, so the rank's coordinate there is
+    // its position in the group (dense: tp, gtp_remat, cp, dp, pp; expert: expt_tp, ep, expt_gtp_remat, ...).
+    const gtp::topology::HyperCommGrid grid = gtp::topology::make_gtp_grid(s);
+    const std::vector<int> dense = grid.coords(ctx->rank);
+    const std::vector<int> expert = grid.coords(ctx->rank, gtp::topology::kExpertView);
     *out = gtp_sizes_t{sizeof(gtp_sizes_t), ctx->rank, s.world_size, s.tp, s.gtp_remat, s.expt_gtp_remat, s.dp,
-                       data.index, data.count};
+                       data.index, data.count, dense[0], dense[1], expert[2], dense[3]};
   });
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "bindings/c/internal/grid_training.h"
 #include "bindings/c/internal/test_ranks.h"
 #include "comm/thread_bootstrap.h"
+#include "topology/arithmetic.h"
 
 namespace {
 
@@ -52,6 +54,55 @@ TEST(CAbiGroups, World8Tp2G2Dp2TakesTheProfilesGroupSettings) {
 
 TEST(CAbiGroups, WithoutGroupSettingsTheDefaultsApply) {
   train_on_grid({4, 1, 2, 2, nullptr, GTP_FROM_PROFILE, 1, 0});
+}
+
+// gtp_sizes_t's group ranks (0.7) against the grid: each rank's position in the members of its TP,
+// gtp_remat, expt_gtp_remat and DP groups as the grid lists them (TP 2, G 2, DP 2; ETP 1, EG 4).
+TEST(CAbiGroups, SizesGiveEachRankItsPositionInEveryGroup) {
+  const std::string profile = profile_with(
+      8, {{"tensor_model_parallel_size", 2}, {"tensor_parallel_num_weight_shards", 4},
+          {"expert_tensor_parallel_size", 1}, {"expert_tensor_parallel_num_weight_shards", 4}},
+      nullptr);
+  std::vector<gtp_sizes_t> got(8);
+  on_ranks(8, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = create(callbacks, profile, GTP_FROM_PROFILE);
+    ASSERT_NE(ctx, nullptr);
+    gtp_sizes_t sizes = GTP_SIZES_INITIALIZER;
+    ASSERT_EQ(gtp_context_sizes(ctx, &sizes), GTP_SUCCESS) << gtp_last_error(ctx);
+    got[rank] = sizes;
+    gtp_sizes_t old = GTP_SIZES_INITIALIZER;  // a 0.6 caller's struct ends before the ranks
+    old.struct_size = offsetof(gtp_sizes_t, tp_rank);
+    EXPECT_EQ(gtp_context_sizes(ctx, &old), GTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  gtp::topology::ParallelConfig parallel;
+  parallel.world_size = 8;
+  parallel.tensor_model_parallel_size = 2;
+  parallel.tensor_parallel_num_weight_shards = 4;
+  parallel.expert_tensor_parallel_size = 1;
+  parallel.expert_tensor_parallel_num_weight_shards = 4;
+  const gtp::topology::HyperCommGrid grid = gtp::topology::make_gtp_grid(gtp::topology::derive_sizes(parallel));
+  const auto position = [&](int rank, const char* dim, const std::string& view) {
+    const std::vector<int> members = grid.group_of(rank, {dim}, view);
+    return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
+  };
+  std::vector<int> seen(4, 0);  // expert ranks 0..3 each twice (two expert groups)
+  for (int rank = 0; rank < 8; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    EXPECT_EQ(got[rank].rank, rank);
+    EXPECT_EQ(got[rank].tp_rank, position(rank, "tp", ""));
+    EXPECT_EQ(got[rank].gtp_remat_rank, position(rank, "gtp_remat", ""));
+    EXPECT_EQ(got[rank].dp_rank, position(rank, "dp", ""));
+    EXPECT_EQ(got[rank].expert_gtp_remat_rank, position(rank, "expt_gtp_remat", gtp::topology::kExpertView));
+    ASSERT_GE(got[rank].expert_gtp_remat_rank, 0);
+    ASSERT_LT(got[rank].expert_gtp_remat_rank, 4);
+    ++seen[got[rank].expert_gtp_remat_rank];
+  }
+  EXPECT_EQ(got[5].tp_rank, 1);  // rank = tp + 2 gtp_remat + 4 dp
+  EXPECT_EQ(got[5].gtp_remat_rank, 0);
+  EXPECT_EQ(got[5].dp_rank, 1);
+  EXPECT_EQ(got[6].gtp_remat_rank, 1);
+  EXPECT_EQ(seen, std::vector<int>(4, 2));
 }
 
 // World 4: TP = 2, G = 2 for dense weights; ETP = 1, EG = 4 for experts. The expert group's wire is FP8

@@ -228,12 +228,12 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.7 but this libgtp is 0.6");
-  // 0.6 lets a size-1 group hand out the main grad as the uninitialized grad buffer
+                   "compiled against gtp.h 0.8 but this libgtp is 0.7");
+  // 0.7 added the group ranks at the end of gtp_sizes_t
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version -= 100; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 0.5 but this libgtp is 0.6");
+                   "compiled against gtp.h 0.6 but this libgtp is 0.7");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 10000; }), GTP_ERROR_VERSION, nullptr,
-                   "compiled against gtp.h 1.6");
+                   "compiled against gtp.h 1.7");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.timeout_ms = 0; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "timeout_ms");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.backend = static_cast<gtp_backend_t>(9); }),

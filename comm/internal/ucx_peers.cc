@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <utility>
 
@@ -50,6 +51,13 @@ void on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) { static_cast<E
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
 UcxWorker::UcxWorker() {
+  // A root listening again on the port of an earlier job of this process (gtp-overlap-bench bootstraps
+  // every configuration on GTP_ROOT_ADDR) fails while that job's connections sit in TIME_WAIT, unless
+  // the listener sets SO_REUSEADDR. UCX 1.13 reads that from the environment only (ucp_config_modify
+  // does not reach its connection manager), so it is set once, before the first UCX context; a value
+  // the user set wins.
+  static std::once_flag reuse_address;
+  std::call_once(reuse_address, [] { setenv("UCX_TCP_CM_REUSEADDR", "y", 0); });
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) throw CommError("UCX: cannot read its configuration: " + status_text(status), false);

@@ -61,6 +61,7 @@ class LoggingBackend : public Backend {
   }
   Event record(Stream s) override {
     recorded[++events] = s;
+    recorded_at[events] = static_cast<int>(log.size());
     return events;
   }
   // Logged as "<waiter> waits <producer>", the producer being the stream the event was recorded on.
@@ -69,11 +70,20 @@ class LoggingBackend : public Backend {
     log.push_back(stream_name(s) + " waits " + stream_name(recorded.at(e)));
   }
   void forget(Event e) override { forgotten.push_back(e); }
+  void synchronize_side_streams() override { log.push_back("synchronize"); }
 
   std::string stream_name(Stream s) const {
     const auto i = static_cast<int>(reinterpret_cast<std::intptr_t>(s));
     if (i >= 1000) return std::string((i - 1000) % 2 == 0 ? "ag" : "rs") + std::to_string((i - 1000) / 2);
     return "s" + std::to_string(i);
+  }
+  // The events `s` waited on from the `from`-th wait on (waits.size() at some point), in order.
+  std::vector<Event> waited_by(Stream s, std::size_t from = 0) const {
+    std::vector<Event> out;
+    for (std::size_t i = from; i < waits.size(); ++i) {
+      if (waits[i].first == s) out.push_back(waits[i].second);
+    }
+    return out;
   }
   // The index of the first log line equal to `line` at or after `from`, or -1.
   int find(const std::string& line, int from = 0) const {
@@ -85,6 +95,7 @@ class LoggingBackend : public Backend {
 
   Event events = 0;
   std::map<Event, Stream> recorded;
+  std::map<Event, int> recorded_at;  // the event marks the log lines before this index
   std::vector<std::pair<Stream, Event>> waits;
   std::vector<Event> forgotten;
   std::vector<std::string> log;  // "<work> on <stream>" and "<waiter> waits <producer>", in call order

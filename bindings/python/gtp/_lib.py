@@ -3,7 +3,7 @@ import ctypes
 import os
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 6, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 0
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -76,7 +76,7 @@ class gtp_context_config_t(ctypes.Structure):
 class gtp_sizes_t(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t)] + [(name, ctypes.c_int32) for name in (
         "rank", "world_size", "tp", "gtp_remat", "expert_gtp_remat", "dp", "data_parallel_index",
-        "data_parallel_count")]
+        "data_parallel_count", "tp_rank", "gtp_remat_rank", "expert_gtp_remat_rank", "dp_rank")]  # ranks since 0.7
 
 
 class gtp_weight_desc_t(ctypes.Structure):

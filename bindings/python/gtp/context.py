@@ -130,6 +130,10 @@ class Sizes:
     dp: int
     data_parallel_index: int
     data_parallel_count: int
+    tp_rank: int  # this rank's position in each of its groups (since 0.7)
+    gtp_remat_rank: int
+    expert_gtp_remat_rank: int
+    dp_rank: int
 
 
 @dataclass(frozen=True)

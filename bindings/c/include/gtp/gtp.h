@@ -16,7 +16,7 @@ extern "C" {
 #endif
 
 #define GTP_VERSION_MAJOR 0
-#define GTP_VERSION_MINOR 6
+#define GTP_VERSION_MINOR 7
 #define GTP_VERSION_PATCH 0
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
@@ -96,9 +96,12 @@ typedef struct {
   int32_t rank, world_size;
   int32_t tp, gtp_remat, expert_gtp_remat, dp; /* TP, G, EG, DP */
   int32_t data_parallel_index, data_parallel_count; /* this rank among the DP x G data readers */
+  /* Since 0.7: this rank's position (0-based) in its TP, gtp_remat, expt_gtp_remat and DP groups of the
+   * grid, the order of the group's communicator (a shard's rows are its gtp_remat_rank-th). */
+  int32_t tp_rank, gtp_remat_rank, expert_gtp_remat_rank, dp_rank;
 } gtp_sizes_t;
 
-#define GTP_SIZES_INITIALIZER { sizeof(gtp_sizes_t), 0, 0, 0, 0, 0, 0, 0, 0 }
+#define GTP_SIZES_INITIALIZER { sizeof(gtp_sizes_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out);
 

@@ -1,0 +1,49 @@
+// Hostile input to the C ABI on the host backend: every refusal is a status with a message naming the
+// value, and leaves the context as it was (docs/reliability.md).
+#include "gtp/gtp.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "bindings/c/internal/test_ranks.h"
+#include "comm/thread_bootstrap.h"
+
+namespace {
+
+using gtp::cabi_test::callbacks_for;
+using gtp::cabi_test::kTimeout;
+
+// One rank (G = 1): the refusals below need no peer.
+struct OneRank {
+  std::vector<std::unique_ptr<gtp::comm::ThreadBootstrap>> group = gtp::comm::ThreadBootstrap::create_group(1, kTimeout);
+  gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);
+  gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+  ~OneRank() { gtp_context_destroy(ctx); }
+};
+
+TEST(Hostile, ShapesWhoseByteSizesOverflowAreRefusedAtRegister) {
+  OneRank rank;
+  std::vector<uint16_t> shard(16 * 16);
+  gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+  desc.name = "huge";
+  desc.shard = shard.data();
+  desc.cols = 16;
+  gtp_weight_t w{};
+  desc.rows = (int64_t{1} << 60) + 16;  // rows * cols * 2 wraps to a small number
+  EXPECT_GTP_ERROR(gtp_weight_register(rank.ctx, &desc, &w), GTP_ERROR_INVALID_ARGUMENT, rank.ctx,
+                   "rows=1152921504606846992 x cols=16");
+  desc.rows = INT64_MAX - 3;  // padding the rows overflows
+  EXPECT_GTP_ERROR(gtp_weight_register(rank.ctx, &desc, &w), GTP_ERROR_INVALID_ARGUMENT, rank.ctx, "exceeds 2^58");
+  desc.rows = int64_t{1} << 40;
+  desc.cols = int64_t{1} << 40;
+  EXPECT_GTP_ERROR(gtp_weight_register(rank.ctx, &desc, &w), GTP_ERROR_INVALID_ARGUMENT, rank.ctx, "check the shape");
+  desc.rows = 16;
+  desc.cols = 16;
+  ASSERT_EQ(gtp_weight_register(rank.ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  EXPECT_EQ(w.id, 0u);  // the refusals took no id
+}
+
+}  // namespace

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bindings/c/internal/test_ranks.h"
 #include "comm/thread_bootstrap.h"
 
@@ -23,6 +25,20 @@ struct OneRank {
   gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
   ~OneRank() { gtp_context_destroy(ctx); }
 };
+
+// The weight names in the stats once `w` has been gathered (the stats list gathered weights).
+std::vector<std::string> gathered_names(gtp_context_t* ctx, gtp_weight_t w) {
+  EXPECT_EQ(gtp_weights_shard_updated(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  void* ptr = nullptr;
+  size_t count = 0;
+  EXPECT_EQ(gtp_materialize(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
+      << gtp_last_error(ctx);
+  EXPECT_EQ(gtp_release(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  std::vector<std::string> names;
+  const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
+  for (const auto& entry : stats.at("weights")) names.push_back(entry.at("name"));
+  return names;
+}
 
 TEST(Hostile, ShapesWhoseByteSizesOverflowAreRefusedAtRegister) {
   OneRank rank;
@@ -44,6 +60,28 @@ TEST(Hostile, ShapesWhoseByteSizesOverflowAreRefusedAtRegister) {
   desc.cols = 16;
   ASSERT_EQ(gtp_weight_register(rank.ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(rank.ctx);
   EXPECT_EQ(w.id, 0u);  // the refusals took no id
+}
+
+TEST(Hostile, NamesThatAreNotUtf8AreRefusedAtRegister) {
+  gtp::cabi_test::on_ranks(2, [](int, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    std::vector<uint16_t> shard(16 * 16);
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    desc.shard = shard.data();
+    desc.rows = 32;
+    desc.cols = 16;
+    gtp_weight_t w{};
+    for (const char* name : {"fc\xff", "fc\xc0\xaf", "fc\xed\xa0\x80", "fc\xe2\x82", "fc\xf4\x90\x80\x80"}) {
+      desc.name = name;
+      EXPECT_GTP_ERROR(gtp_weight_register(ctx, &desc, &w), GTP_ERROR_INVALID_ARGUMENT, ctx,
+                       "name is not valid UTF-8 (byte 2 of");
+    }
+    desc.name = "fc\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";  // é € 😀
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(w.id, 0u);
+    EXPECT_EQ(gathered_names(ctx, w), std::vector<std::string>{desc.name});
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
 }
 
 }  // namespace

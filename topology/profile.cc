@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 #include "topology/discovery.h"
 #include "topology/internal/json_reader.h"
+#include "topology/internal/json_text.h"
 
 namespace gtp::topology {
 
@@ -282,17 +281,13 @@ Profile parse_profile(const json& document, const std::string& base_dir) {
   return profile;
 }
 
+Profile parse_profile_text(const std::string& text, const std::string& base_dir) {
+  return parse_profile(internal::parse_json_text(text, "profile_json"), base_dir);
+}
+
 Profile load_profile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) throw std::invalid_argument("cannot open profile '" + path + "': check the path");
-  std::stringstream text;
-  text << file.rdbuf();
-  json document;
-  try {
-    document = json::parse(text.str());
-  } catch (const json::parse_error& error) {
-    throw std::invalid_argument("'" + path + "' is not valid JSON: " + error.what());
-  }
+  const std::string text = internal::read_regular_file(path, "profile");
+  const json document = internal::parse_json_text(text, "'" + path + "'");
   const size_t slash = path.find_last_of('/');
   return parse_profile(document, slash == std::string::npos ? "." : path.substr(0, slash));
 }

@@ -42,7 +42,7 @@ gtp::topology::Profile profile_for(const gtp_context_config_t& config, int world
     return profile;
   }
   gtp::topology::Profile profile =
-      config.profile_json != nullptr ? gtp::topology::parse_profile(nlohmann::json::parse(config.profile_json), ".")
+      config.profile_json != nullptr ? gtp::topology::parse_profile_text(config.profile_json, ".")
                                      : gtp::topology::load_profile(config.profile_path);
   require(profile.sizes.world_size == world_size, "the profile's world_size is " + std::to_string(profile.sizes.world_size) +
                                                       " but the bootstrap has " + std::to_string(world_size) + " ranks");

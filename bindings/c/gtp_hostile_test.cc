@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -82,6 +85,26 @@ TEST(Hostile, NamesThatAreNotUtf8AreRefusedAtRegister) {
     EXPECT_EQ(gathered_names(ctx, w), std::vector<std::string>{desc.name});
     EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
+}
+
+TEST(Hostile, ProfilesAreReadWithBoundedDepthFromRegularFilesOnly) {
+  auto group = gtp::comm::ThreadBootstrap::create_group(1, kTimeout);
+  const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);
+  gtp_context_t* out = nullptr;
+  const auto attempt = [&](const char* json, const char* path) {
+    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+    config.callbacks = &callbacks;
+    config.profile_json = json;
+    config.profile_path = path;
+    return gtp_context_create(&config, &out);
+  };
+  const std::string deep(100000, '[');
+  EXPECT_GTP_ERROR(attempt(deep.c_str(), nullptr), GTP_ERROR_INVALID_ARGUMENT, nullptr, "nesting deeper than 64");
+  const std::string fifo = std::string(std::getenv("TEST_TMPDIR")) + "/profile.fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_GTP_ERROR(attempt(nullptr, fifo.c_str()), GTP_ERROR_INVALID_ARGUMENT, nullptr, "is not a regular file");
+  EXPECT_GTP_ERROR(attempt(nullptr, "/dev/zero"), GTP_ERROR_INVALID_ARGUMENT, nullptr, "is not a regular file");
+  EXPECT_EQ(out, nullptr);
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 // The entry points' shared handle and capture checks, the context-free error, and the status strings.
 #include <algorithm>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bindings/c/internal/entry_point.h"
@@ -12,6 +15,47 @@ using remat::WeightId;
 std::string& context_free_error() {
   thread_local std::string error;
   return error;
+}
+
+void set_last_error(gtp_context_t* ctx, std::string text) {
+  if (ctx == nullptr) {
+    context_free_error() = std::move(text);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(ctx->errors_mutex);
+  ctx->last_errors[std::this_thread::get_id()] = std::move(text);
+}
+
+std::string enter_call(gtp_context& ctx, const char* call, Access access) {
+  std::unique_lock<std::mutex> lock(ctx.call_mutex);
+  while (ctx.call_in_progress != nullptr) {
+    const std::string other = ctx.call_in_progress;
+    if (ctx.call_thread == std::this_thread::get_id()) {
+      return std::string(call) + " was called from inside " + other +
+             " on the same thread (from the grad_ready callback?); calls on a context are not re-entrant: "
+             "make it after " + other + " returns";
+    }
+    // A read is short and must not make the training thread's calls fail: wait for it (or let it wait).
+    if (access != Access::kRead && !ctx.call_is_read) {
+      return other + " is in progress on this context on another thread; a context takes one call at a time "
+                     "(stats, trace and sizes reads excepted): serialize the calls, e.g. with a lock";
+    }
+    ctx.call_done.wait(lock);
+  }
+  ctx.call_in_progress = call;
+  ctx.call_thread = std::this_thread::get_id();
+  ctx.call_is_read = access == Access::kRead;
+  return "";
+}
+
+void leave_call(gtp_context& ctx) {
+  {
+    std::lock_guard<std::mutex> lock(ctx.call_mutex);
+    ctx.call_in_progress = nullptr;
+    ctx.call_thread = std::thread::id();
+    ctx.call_is_read = false;
+  }
+  ctx.call_done.notify_all();
 }
 
 WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
@@ -72,7 +116,10 @@ const char* gtp_status_string(gtp_status_t status) {
 }
 
 const char* gtp_last_error(const gtp_context_t* ctx) {
-  return ctx != nullptr ? ctx->last_error.c_str() : context_free_error().c_str();
+  if (ctx == nullptr) return context_free_error().c_str();
+  auto* c = const_cast<gtp_context_t*>(ctx);
+  std::lock_guard<std::mutex> lock(c->errors_mutex);
+  return c->last_errors[std::this_thread::get_id()].c_str();
 }
 
 }  // extern "C"

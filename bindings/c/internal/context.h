@@ -2,11 +2,16 @@
 // gtp_status_t, argument-check helpers, and context creation (context_create.cc).
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -61,8 +66,19 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out);
 
 struct gtp_context {
   std::uint64_t generation = 0;
-  std::string last_error;
-  bool aborted = false;
+  // The call in progress (docs/c-abi.md, Thread safety): another is refused while it runs, except
+  // that reads (stats, trace) wait for a call and calls wait for a read; nothing below is touched
+  // by two threads at once. Guarded by call_mutex.
+  std::mutex call_mutex;
+  std::condition_variable call_done;
+  const char* call_in_progress = nullptr;
+  std::thread::id call_thread;
+  bool call_is_read = false;
+  // gtp_last_error(ctx), per calling thread: a refused call cannot overwrite the running call's
+  // message, and std::map's nodes stay put while other threads add theirs.
+  std::mutex errors_mutex;
+  std::map<std::thread::id, std::string> last_errors;
+  std::atomic<bool> aborted{false};  // set by gtp_context_abort from any thread
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
   gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t

@@ -256,6 +256,8 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
                               profile.group(group).grads_into_main_grad});
   }
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
+  require(config->trace_spans <= kMaxTraceSpans, "trace_spans is " + std::to_string(config->trace_spans) +
+                                                      "; give 0 (no trace) .. " + std::to_string(kMaxTraceSpans));
   runtime.trace_spans = config->trace_spans;
 
   const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);

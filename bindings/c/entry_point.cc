@@ -74,14 +74,22 @@ WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
 // found by sorting a copy rather than with a node-based set.
 std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n) {
   if (ws == nullptr && n != 0) require(false, "ws is NULL but n is " + std::to_string(n));
-  std::vector<WeightId> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = id_of(ctx, ws[i]);
-  if (n > 1) {
+  // More handles than registered weights means one is listed twice among the first registered + 1:
+  // reading stops there, so a huge n neither sizes a vector nor walks past what ws can hold.
+  const size_t most = static_cast<size_t>(ctx.registered) + 1;
+  std::vector<WeightId> ids;
+  ids.reserve(std::min(n, most));
+  for (size_t i = 0; i < n && ids.size() < most; ++i) ids.push_back(id_of(ctx, ws[i]));
+  if (ids.size() > 1) {
     std::vector<WeightId> sorted(ids);
     std::sort(sorted.begin(), sorted.end());
     const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
     if (twice != sorted.end()) {
-      require(false, "weight id " + std::to_string(*twice) + " is listed twice; list each weight once");
+      require(false, "weight id " + std::to_string(*twice) + " is listed twice" +
+                         (ids.size() < n ? " (n is " + std::to_string(n) + " but " + std::to_string(ctx.registered) +
+                                               " weights are registered)"
+                                         : std::string()) +
+                         "; list each weight once");
     }
   }
   return ids;

@@ -87,6 +87,48 @@ TEST(Hostile, NamesThatAreNotUtf8AreRefusedAtRegister) {
   });
 }
 
+// Values that used to become huge allocations (INTERNAL / SYSTEM "bad_alloc") are refused by name.
+TEST(Hostile, CountsChunksAndTraceSpansAreBoundedAndNamed) {
+  OneRank rank;
+  std::vector<uint16_t> shard(16 * 16);
+  gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+  desc.name = "w";
+  desc.shard = shard.data();
+  desc.rows = 16;
+  desc.cols = 16;
+  gtp_weight_t w{};
+  ASSERT_EQ(gtp_weight_register(rank.ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  void* ptr = nullptr;
+  size_t count = 0;
+  // A huge n: reading stops at the first repeat (a second handle must repeat the only weight).
+  const size_t huge = size_t{1} << 62;
+  const gtp_weight_t twice[2] = {w, w};
+  const std::string named = "weight id 0 is listed twice (n is 4611686018427387904 but 1 weights are registered)";
+  EXPECT_GTP_ERROR(gtp_materialize(rank.ctx, twice, huge, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &ptr, 1, &count,
+                                   nullptr),
+                   GTP_ERROR_INVALID_ARGUMENT, rank.ctx, named);
+  EXPECT_GTP_ERROR(gtp_release(rank.ctx, twice, huge, nullptr), GTP_ERROR_INVALID_ARGUMENT, rank.ctx, named);
+  EXPECT_GTP_ERROR(gtp_weights_shard_updated(rank.ctx, twice, huge, nullptr), GTP_ERROR_INVALID_ARGUMENT, rank.ctx, named);
+  for (int32_t chunk : {100000000, 1024, -1}) {
+    EXPECT_GTP_ERROR(gtp_materialize(rank.ctx, &w, 1, GTP_PHASE_FORWARD, chunk, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr),
+                     GTP_ERROR_INVALID_ARGUMENT, rank.ctx, "model_chunk is " + std::to_string(chunk) + "; give 0..1023");
+  }
+  ASSERT_EQ(gtp_weights_shard_updated(rank.ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  ASSERT_EQ(gtp_materialize(rank.ctx, &w, 1, GTP_PHASE_FORWARD, 1023, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr),
+            GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  ASSERT_EQ(gtp_release(rank.ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  ASSERT_EQ(gtp_weight_unregister(rank.ctx, w), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  EXPECT_GTP_ERROR(gtp_release(rank.ctx, twice, huge, nullptr), GTP_ERROR_INVALID_STATE, rank.ctx, "not registered");
+
+  gtp_context_t* out = nullptr;
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &rank.callbacks;
+  config.trace_spans = size_t{1} << 62;
+  EXPECT_GTP_ERROR(gtp_context_create(&config, &out), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "trace_spans is 4611686018427387904; give 0 (no trace) .. 16777216");
+  EXPECT_EQ(out, nullptr);
+}
+
 TEST(Hostile, ProfilesAreReadWithBoundedDepthFromRegularFilesOnly) {
   auto group = gtp::comm::ThreadBootstrap::create_group(1, kTimeout);
   const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);

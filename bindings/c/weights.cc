@@ -94,6 +94,7 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);
     const WeightId id = ctx->runtime->register_weight(d);
+    ++ctx->registered;
     *out = gtp_weight_t{id, ctx->generation};
   });
 }
@@ -102,6 +103,7 @@ gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
   return on_context(ctx, "gtp_weight_unregister", [&] {
     refuse_under_capture(*ctx, "gtp_weight_unregister");
     ctx->runtime->unregister_weight(id_of(*ctx, w));
+    --ctx->registered;
   }, InvalidArgumentIs::kState);
 }
 

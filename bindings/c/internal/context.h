@@ -58,6 +58,10 @@ inline void check_struct_size(size_t given, size_t expected, const char* type) {
                                  std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
 }
 
+// Bounds that keep hostile values from becoming huge allocations (docs/reliability.md).
+inline constexpr std::size_t kMaxTraceSpans = std::size_t{1} << 24;
+inline constexpr std::int32_t kMaxModelChunks = 1024;
+
 // gtp_context_create: checks the config, bootstraps, builds the grid's groups on the chosen backend
 // and the runtime; *out only on success.
 void create_context(const gtp_context_config_t* config, gtp_context_t** out);
@@ -82,6 +86,7 @@ struct gtp_context {
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
   gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
+  std::int64_t registered = 0;  // weights registered now: no call can list more
   gtp_grad_ready_fn grad_ready = nullptr;
   void* grad_ready_user_data = nullptr;
   // Destroyed bottom-up: the runtime before its backend, the backend before its communicators and

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
+#include <cstdint>
 #include <stdexcept>
 
 #include "topology/discovery.h"
@@ -18,6 +19,16 @@ namespace {
 
 constexpr int kMaxSize = 1 << 24;   // ranks: well beyond any job, small enough to stay in int math
 constexpr int kMaxHosts = 1 << 18;  // template hosts: bounds the memory a typo can request
+// Planning time and memory grow with the GPUs (2M GPUs took 83 s and 16 GB): 2^18 plans in seconds.
+constexpr std::int64_t kMaxClusterGpus = 1 << 18;
+
+void check_gpu_count(std::int64_t gpus, const std::string& path, const std::string& how) {
+  if (gpus > kMaxClusterGpus) {
+    throw std::invalid_argument(path + ": " + how + " = " + std::to_string(gpus) + " GPUs, over the " +
+                                std::to_string(kMaxClusterGpus) +
+                                " a profile may describe (planning time and memory grow with them): describe fewer");
+  }
+}
 
 const std::vector<std::string> kParallelKeys = {
     "world_size",
@@ -73,6 +84,10 @@ Cluster parse_cluster(const json& value, const std::string& base_dir, std::strin
     json host = t.raw("host");
     if (host.is_object() && !host.contains("hostname")) host["hostname"] = "template";
     shape.host = parse_host(host, t.path_of("host"));
+    check_gpu_count(static_cast<std::int64_t>(shape.host_count) * static_cast<std::int64_t>(shape.host.gpus.size()),
+                    t.path_of("host_count"),
+                    "host_count " + std::to_string(shape.host_count) + " x " + std::to_string(shape.host.gpus.size()) +
+                        " GPUs per host");
     hosts = make_cluster(shape).hosts();
   } else {
     *source = "hwloc_xml";
@@ -96,6 +111,9 @@ Cluster parse_cluster(const json& value, const std::string& base_dir, std::strin
       }
     }
   }
+  std::int64_t gpus = 0;
+  for (const HostTopology& host : hosts) gpus += static_cast<std::int64_t>(host.gpus.size());
+  check_gpu_count(gpus, path, "the hosts hold");
   fill_nic_rates(&hosts, nic_rate);
   try {
     return Cluster(std::move(hosts));

@@ -56,6 +56,20 @@ TEST(ProfileText, NumbersPastDoubleRangeNameTheirPath) {
   EXPECT_HAS(error_of_text(R"({"list": [1, 2, -1e999]})"), "/list/2: ");
 }
 
+// A 16M-GPU template died with std::bad_alloc, a 2M-GPU one planned for 83 s in 16 GB.
+TEST(ProfileText, ClustersAreBoundedTo2To18Gpus) {
+  const auto with_hosts = [](int hosts, int gpus_per_host) {
+    std::string gpus;
+    for (int i = 0; i < gpus_per_host; ++i) gpus += (i ? "," : "") + std::string("{\"index\": ") + std::to_string(i) + "}";
+    return R"({"schema_version": 1, "cluster": {"template": {"host_count": )" + std::to_string(hosts) +
+           R"(, "host": {"gpus": [)" + gpus + R"(]}}}, "parallel": {"world_size": 8}})";
+  };
+  EXPECT_HAS(error_of_text(with_hosts(262144, 64)),
+             "/cluster/template/host_count: host_count 262144 x 64 GPUs per host = 16777216 GPUs, over the 262144");
+  EXPECT_HAS(error_of_text(with_hosts(32769, 8)), "= 262152 GPUs, over the 262144");
+  EXPECT_EQ(error_of_text(with_hosts(32768, 8)), "");
+}
+
 TEST(ProfileFile, OnlyRegularFilesOfBoundedSizeAreRead) {
   const std::string fifo = temp_path("profile.fifo");
   ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);

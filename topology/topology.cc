@@ -145,6 +145,14 @@ void check_host(const HostTopology& host, const std::string& path) {
   const auto fail = [](const std::string& where, const std::string& message) {
     throw std::invalid_argument(where + ": " + message);
   };
+  const auto check_cpuset = [&](const std::string& where, const std::string& value) {
+    if (!is_cpuset(value)) fail(where, "'" + value + "' is not an hwloc cpuset: write hex words like \"0xff,0xffffffff\"");
+  };
+  const auto check_bus_id = [&](const std::string& where, const std::string& value) {
+    if (!value.empty() && !is_bus_id(value)) {
+      fail(where, "'" + value + "' is not a PCI bus id: write dddd:bb:dd.f in lower case, e.g. \"0000:1b:00.0\"");
+    }
+  };
   std::map<int, size_t> numa_seen;
   for (size_t i = 0; i < host.numa_nodes.size(); ++i) {
     const NumaNode& numa = host.numa_nodes[i];
@@ -153,13 +161,9 @@ void check_host(const HostTopology& host, const std::string& path) {
       fail(at("numa_nodes", i, "os_index"), "NUMA node " + std::to_string(numa.os_index) + " is listed twice (first at " +
                                                 at("numa_nodes", first.first->second, "") + "): list each node once");
     }
-    if (!is_cpuset(numa.cpuset)) fail(at("numa_nodes", i, "cpuset"), "'" + numa.cpuset + "' is not an hwloc cpuset: write hex words like \"0x000000ff,0xffffffff\"");
+    check_cpuset(at("numa_nodes", i, "cpuset"), numa.cpuset);
   }
-  for (size_t i = 0; i < host.packages.size(); ++i) {
-    if (!is_cpuset(host.packages[i].cpuset)) {
-      fail(at("packages", i, "cpuset"), "'" + host.packages[i].cpuset + "' is not an hwloc cpuset: write hex words like \"0xff\"");
-    }
-  }
+  for (size_t i = 0; i < host.packages.size(); ++i) check_cpuset(at("packages", i, "cpuset"), host.packages[i].cpuset);
   std::map<int, size_t> index_seen;
   std::map<std::string, std::string> domain_of_bus;
   for (const Gpu& gpu : host.gpus)
@@ -171,10 +175,8 @@ void check_host(const HostTopology& host, const std::string& path) {
       fail(at("gpus", i, "index"), "GPU index " + std::to_string(gpu.index) + " is listed twice (first at " +
                                        at("gpus", first.first->second, "") + "): GPU indices are unique per host");
     }
-    if (!gpu.bus_id.empty() && !is_bus_id(gpu.bus_id)) {
-      fail(at("gpus", i, "bus_id"), "'" + gpu.bus_id + "' is not a PCI bus id: write dddd:bb:dd.f in lower case, e.g. \"0000:1b:00.0\"");
-    }
-    if (!is_cpuset(gpu.cpuset)) fail(at("gpus", i, "cpuset"), "'" + gpu.cpuset + "' is not an hwloc cpuset: write hex words like \"0xff\"");
+    check_bus_id(at("gpus", i, "bus_id"), gpu.bus_id);
+    check_cpuset(at("gpus", i, "cpuset"), gpu.cpuset);
     std::map<std::pair<std::string, std::string>, size_t> peers;
     bool linked_in_domain = false;
     for (size_t k = 0; k < gpu.nvlink.size(); ++k) {
@@ -183,8 +185,8 @@ void check_host(const HostTopology& host, const std::string& path) {
       const auto repeat = peers.emplace(std::make_pair(link.peer_kind, link.peer), k);
       if (!repeat.second) {
         fail(where, link.peer_kind + " '" + link.peer + "' is listed twice (first at nvlink/" +
-                        std::to_string(repeat.first->second) + "), which would double its bandwidth: list each peer once "
-                        "with all its links' bandwidth");
+                        std::to_string(repeat.first->second) +
+                        "), which would double its bandwidth: list each peer once with all its links' bandwidth");
       }
       if (link.peer_kind == "gpu" && !is_bus_id(link.peer)) {
         fail(where + "/peer", "'" + link.peer + "' is not a GPU bus id: write dddd:bb:dd.f in lower case");
@@ -210,9 +212,7 @@ void check_host(const HostTopology& host, const std::string& path) {
       fail(at("nics", i, "name"), "NIC '" + host.nics[i].name + "' is listed twice (first at " +
                                       at("nics", first.first->second, "") + "): list each NIC once");
     }
-    if (!host.nics[i].bus_id.empty() && !is_bus_id(host.nics[i].bus_id)) {
-      fail(at("nics", i, "bus_id"), "'" + host.nics[i].bus_id + "' is not a PCI bus id: write dddd:bb:dd.f in lower case");
-    }
+    check_bus_id(at("nics", i, "bus_id"), host.nics[i].bus_id);
   }
 }
 

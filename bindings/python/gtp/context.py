@@ -4,13 +4,12 @@ import itertools
 import json
 import math
 import numbers
-import os
-import stat
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _lib
+from ._checks import INT32_MAX, INT64_MAX, UINT64_MAX, integer as _integer, profile_wires, read_profile
 from .bootstrap import KVBootstrap
 from .errors import check
 
@@ -33,32 +32,6 @@ ELEMS = {_lib.ELEM_BF16: ("bf16", np.uint16, 1), _lib.ELEM_E4M3: ("e4m3", np.uin
 
 # Contexts created by this process, numbering their store keys (every rank creates them in one order).
 _context_numbers = itertools.count()
-
-
-INT32_MAX, INT64_MAX, UINT64_MAX = 2**31 - 1, 2**63 - 1, 2**64 - 1
-# Profile group names by Context group name (docs/profiles.md uses Megatron's).
-_PROFILE_GROUPS = {"gtp_remat": "gtp_remat", "expert_gtp_remat": "expt_gtp_remat"}
-
-
-def _integer(value, what, low, high):
-    """`value` as an int in [low, high], checked before ctypes would silently truncate it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what}={value!r} is not an integer")
-    if not low <= int(value) <= high:
-        raise ValueError(f"{what}={value} is outside [{low}, {high}]")
-    return int(value)
-
-
-def _read_profile(path):
-    """A profile file's text, read before create; None when create will refuse it (missing, not a
-    regular file: a FIFO would block here, over 64 MiB), which then says why."""
-    try:
-        if path is None or not stat.S_ISREG(os.stat(path).st_mode) or os.stat(path).st_size > 64 << 20:
-            return None
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def _choice(table, value, what):
@@ -232,12 +205,13 @@ class Context:
             config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
             config.callbacks = ctypes.pointer(self._bootstrap.vtable)
         # Any finite number of seconds from 1 ms on; "very long" is not "no timeout".
-        if not (isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s) and 0.001 <= timeout_s <= INT64_MAX / 1000):
+        finite = isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s)
+        if not (finite and 0.001 <= timeout_s <= INT64_MAX / 1000):
             raise ValueError(f"timeout_s={timeout_s!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
         config.timeout_ms = min(int(timeout_s * 1000), INT64_MAX)
         config.backend = _choice(BACKENDS, backend, "backend")
         self._profile = [None if p is None else str(p).encode() for p in (profile_json, profile_path)]
-        profile_text = str(profile_json) if profile_json is not None else _read_profile(profile_path)
+        profile_text = str(profile_json) if profile_json is not None else read_profile(profile_path)
         config.profile_json, config.profile_path = self._profile
         config.prefetch_depth = (_lib.FROM_PROFILE if prefetch_depth is None
                                  else _integer(prefetch_depth, "prefetch_depth", 0, _lib.MAX_DEPTH))
@@ -261,19 +235,7 @@ class Context:
         check(self._lib.gtp_context_create(ctypes.byref(config), ctypes.byref(handle)), None)
         self._handle = handle
         self.sizes = self._sizes()
-        self._group_wires = self._profile_wires(profile_text)
-
-    @staticmethod
-    def _profile_wires(profile_text):
-        """(wire, nvfp4_2d, mx_rounding) of each group's profile settings: what wire="from_group" takes.
-        Parsed after create, which validated the profile."""
-        groups = {} if profile_text is None else json.loads(profile_text).get("groups", {})
-        wires = {}
-        for name, profile_name in _PROFILE_GROUPS.items():
-            settings = groups.get(profile_name, {})
-            wires[name] = (settings.get("wire_format", "bf16"), settings.get("nvfp4_blocks") == "2d",
-                           settings.get("mx_rounding", "rceil"))
-        return wires
+        self._group_wires = profile_wires(profile_text)
 
     def group_wire(self, group="gtp_remat"):
         """The wire name of `group`'s profile settings ("bf16" without them): what wire="from_group" uses."""

@@ -268,6 +268,7 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   }
 
   ctx->generation = next_generation.fetch_add(1);
+  ctx->call_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no clock overflow
   ctx->grad_ready = config->grad_ready;
   ctx->grad_ready_user_data = config->grad_ready_user_data;
   if (ctx->grad_ready != nullptr) {

@@ -1,5 +1,6 @@
 // The entry points' shared handle and capture checks, the context-free error, and the status strings.
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@ void set_last_error(gtp_context_t* ctx, std::string text) {
 
 std::string enter_call(gtp_context& ctx, const char* call, Access access) {
   std::unique_lock<std::mutex> lock(ctx.call_mutex);
+  const auto deadline = std::chrono::steady_clock::now() + ctx.call_wait;
   while (ctx.call_in_progress != nullptr) {
     const std::string other = ctx.call_in_progress;
     if (ctx.call_thread == std::this_thread::get_id()) {
@@ -40,7 +42,10 @@ std::string enter_call(gtp_context& ctx, const char* call, Access access) {
       return other + " is in progress on this context on another thread; a context takes one call at a time "
                      "(stats, trace and sizes reads excepted): serialize the calls, e.g. with a lock";
     }
-    ctx.call_done.wait(lock);
+    if (ctx.call_done.wait_until(lock, deadline) == std::cv_status::timeout && ctx.call_in_progress != nullptr) {
+      return std::string(call) + " waited timeout_ms=" + std::to_string(ctx.call_wait.count()) + " for " + other +
+             " to return; is it waiting for this call (a CUDA host-function callback reading its own context)?";
+    }
   }
   ctx.call_in_progress = call;
   ctx.call_thread = std::this_thread::get_id();

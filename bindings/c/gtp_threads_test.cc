@@ -156,4 +156,42 @@ TEST(Threads, AGradReadyCallbackCallingIntoItsContextIsRefused) {
   EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);  // the refused destroy left it whole
 }
 
+// The CUDA backend runs grad_ready on a host-function thread while gtp_drain waits for it: a read
+// from there waiting for the drain would deadlock. Mimicked here by a callback that joins a reader.
+TEST(Threads, AReadWaitingForTheCallItBlocksFailsAfterTheTimeout) {
+  OneRank rank;
+  Reentry reentry;
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &rank.callbacks;
+  config.timeout_ms = 300;
+  config.grad_ready_user_data = &reentry;
+  config.grad_ready = [](void* user, gtp_weight_t) {
+    auto* r = static_cast<Reentry*>(user);
+    std::thread reader([r] {
+      size_t len = 0;
+      r->statuses.push_back(gtp_stats_json(r->ctx, nullptr, 0, &len));
+      r->messages.push_back(gtp_last_error(r->ctx));
+    });
+    reader.join();
+  };
+  ASSERT_EQ(gtp_context_create(&config, &reentry.ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+  gtp_context_t* ctx = reentry.ctx;
+  Weight a;
+  register_weight(ctx, a, "a");
+  void* ptr = nullptr;
+  size_t count = 0;
+  ASSERT_EQ(gtp_materialize(ctx, &a.handle, 1, GTP_PHASE_BACKWARD, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr),
+            GTP_SUCCESS) << gtp_last_error(ctx);
+  float* grad = nullptr;
+  ASSERT_EQ(gtp_grad_buffer(ctx, a.handle, &grad, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  ASSERT_EQ(gtp_release(ctx, &a.handle, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  ASSERT_EQ(gtp_finalize(ctx, &a.handle, 1, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+  ASSERT_EQ(reentry.statuses.size(), 1u);
+  EXPECT_EQ(reentry.statuses[0], GTP_ERROR_INVALID_STATE);
+  EXPECT_NE(reentry.messages[0].find("gtp_stats_json waited timeout_ms=300 for gtp_"), std::string::npos)
+      << reentry.messages[0];
+  EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+}
+
 }  // namespace

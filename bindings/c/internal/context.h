@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -78,6 +79,9 @@ struct gtp_context {
   const char* call_in_progress = nullptr;
   std::thread::id call_thread;
   bool call_is_read = false;
+  // How long a call waits for another (the config's timeout_ms): a read from a CUDA host-function
+  // callback waiting for a drain that waits for that callback fails instead of deadlocking.
+  std::chrono::milliseconds call_wait{0};
   // gtp_last_error(ctx), per calling thread: a refused call cannot overwrite the running call's
   // message, and std::map's nodes stay put while other threads add theirs.
   std::mutex errors_mutex;

@@ -19,6 +19,15 @@ def integer(value, what, low, high):
     return int(value)
 
 
+def c_string(value, what):
+    """`value` encoded for a C string parameter: a NUL inside would silently cut what C reads."""
+    encoded = str(value).encode()
+    nul = encoded.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"{what} has a NUL byte at offset {nul}: C would read only what precedes it; remove it")
+    return encoded
+
+
 def read_profile(path):
     """A profile file's text, read before create; None when create will refuse it (missing, not a
     regular file: a FIFO would block here, over 64 MiB), which then says why."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _lib
-from ._checks import INT32_MAX, INT64_MAX, UINT64_MAX, integer as _integer, profile_wires, read_profile
+from ._checks import INT32_MAX, INT64_MAX, UINT64_MAX, c_string, integer as _integer, profile_wires, read_profile
 from .bootstrap import KVBootstrap
 from .errors import check
 
@@ -210,7 +210,8 @@ class Context:
             raise ValueError(f"timeout_s={timeout_s!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
         config.timeout_ms = min(int(timeout_s * 1000), INT64_MAX)
         config.backend = _choice(BACKENDS, backend, "backend")
-        self._profile = [None if p is None else str(p).encode() for p in (profile_json, profile_path)]
+        self._profile = [None if p is None else c_string(p, what)
+                         for p, what in ((profile_json, "profile_json"), (profile_path, "profile_path"))]
         profile_text = str(profile_json) if profile_json is not None else read_profile(profile_path)
         config.profile_json, config.profile_path = self._profile
         config.prefetch_depth = (_lib.FROM_PROFILE if prefetch_depth is None
@@ -391,7 +392,7 @@ class Context:
             grad_ptr = None if main_grad is None else _integer(main_grad, "main_grad", 0, UINT64_MAX)
         desc = _lib.gtp_weight_desc_t()
         desc.struct_size = ctypes.sizeof(_lib.gtp_weight_desc_t)
-        encoded = name.encode()
+        encoded = c_string(name, "name")
         keep.append(encoded)
         desc.name = encoded
         desc.shard = shard_ptr

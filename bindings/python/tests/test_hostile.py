@@ -54,6 +54,15 @@ def test_values_libgtp_bounds_are_refused_naming_them(tmp_path):
             one_rank(tmp_path, prefetch_depth=2.5)
 
 
+def test_strings_with_a_nul_are_refused_instead_of_cut(tmp_path):
+    text = profile({})
+    with pytest.raises(ValueError, match=r"profile_json has a NUL byte at offset \d+"):
+        one_rank(tmp_path, profile_json=text + "\0{\"ignored\": 1}")
+    with one_rank(tmp_path) as ctx:
+        with pytest.raises(ValueError, match=r"name has a NUL byte at offset 2"):
+            ctx.register("fc\0hidden", np.zeros((16, 16), np.float32), 16, 16)
+
+
 @pytest.mark.parametrize("wire", [None, "from_group"])
 def test_register_can_take_the_wire_of_the_groups_profile(tmp_path, wire):
     text = profile({"gtp_remat": {"wire_format": "mxfp8", "mx_rounding": "floor"}})

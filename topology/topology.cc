@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "topology/internal/json_reader.h"
+#include "topology/internal/json_text.h"
 
 namespace gtp::topology {
 
@@ -302,12 +303,8 @@ Cluster Cluster::from_records(const std::vector<std::string>& json_records) {
   std::map<std::string, json> seen;  // hostname -> canonical record
   for (size_t i = 0; i < json_records.size(); ++i) {
     const std::string path = "/records/" + std::to_string(i);
-    json record;
-    try {
-      record = json::parse(json_records[i]);
-    } catch (const json::parse_error& error) {
-      throw std::invalid_argument(path + ": not valid JSON (" + error.what() + "): send to_json(HostTopology)");
-    }
+    // A peer's bytes: bounded and checked like a profile's before nlohmann's recursion sees them.
+    const json record = internal::parse_json_text(json_records[i], path);
     HostTopology host = parse_host(record, path);
     const json canonical = host;
     auto it = seen.find(host.hostname);

@@ -101,6 +101,24 @@ TEST(HostRecord, RepeatsMalformedStringsAndUnlinkedDomainsAreRefused) {
   }
 }
 
+// Records arrive from peers: deep nesting, repeated keys and garbage are errors naming the record.
+TEST(ClusterView, MalformedRecordsAreRefusedNamingTheRecord) {
+  const std::string good = two_gpu_host().dump();
+  const auto error_of = [](const std::vector<std::string>& records) {
+    try {
+      Cluster::from_records(records);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of({good}), "");
+  EXPECT_NE(error_of({good, std::string(100000, '[')}).find("/records/1: nesting deeper than 64"), std::string::npos);
+  EXPECT_NE(error_of({R"({"hostname": "a", "hostname": "b"})"}).find("/records/0: /hostname: duplicate key"),
+            std::string::npos);
+  EXPECT_NE(error_of({"{"}).find("/records/0 is not valid JSON"), std::string::npos);
+}
+
 TEST(ClusterView, RecordsFromEveryRankCollapsePerHost) {
   HostTopology a = internal::dgx_h100_host(), b = internal::dgx_h100_host();
   a.hostname = "a";

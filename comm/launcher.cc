@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +24,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage = "usage: gtp-launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]";
+constexpr double kMinTimeoutSeconds = 0.001, kMaxTimeoutSeconds = 365.0 * 24 * 3600;
 // How long ranks get between SIGTERM and SIGKILL, and how long the launcher keeps reading output
 // that a rank's leftover children still write after every rank exited.
 constexpr std::chrono::milliseconds kGracePeriod{3000};
@@ -115,11 +118,17 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
       options.world_size = static_cast<int>(n);
     } else if (arg == "--timeout") {
       const std::string text = value_of(arg);
-      const double seconds = std::strtod(text.c_str(), &end);
-      if (*end != '\0' || !(seconds > 0)) {
-        throw std::invalid_argument("--timeout " + text + ": pass a positive number of seconds\n" + kUsage);
+      // Decimal only: strtod would also take blanks, hex ("0x10") and "inf".
+      const bool decimal = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '.') &&
+                           text.find_first_not_of("0123456789.eE+-") == std::string::npos;
+      const double seconds = decimal ? std::strtod(text.c_str(), &end) : NAN;
+      // Whole string, finite, and at least 1 ms: smaller values used to round to 0, "no timeout".
+      const bool whole = end != nullptr && *end == '\0';
+      if (!whole || !(seconds >= kMinTimeoutSeconds && seconds <= kMaxTimeoutSeconds)) {
+        throw std::invalid_argument("--timeout " + text + ": pass seconds in [0.001, 31536000] (1 ms to a year), "
+                                    "or leave --timeout out for no limit\n" + kUsage);
       }
-      options.timeout = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+      options.timeout = std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
     } else {
       throw std::invalid_argument("unknown argument \"" + arg + "\" (put the command after --)\n" + kUsage);
     }

@@ -73,6 +73,23 @@ TEST(Launcher, RejectsBadArguments) {
   EXPECT_EQ(options.world_size, 8);
   EXPECT_EQ(options.timeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(options.command, (std::vector<std::string>{"prog", "-x", "--", "y"}));
+  EXPECT_EQ(parse_launch_args({"-n", "1", "--timeout", "0.001", "--", "p"}).timeout, std::chrono::milliseconds(1));
+}
+
+// Values that used to round to 0 ms ("no timeout") or overflow the conversion are refused, naming the range.
+TEST(Launcher, RefusesTimeoutsThatAreNotAFiniteNumberOfSecondsInRange) {
+  for (const char* text : {"0.0001", "1e-300", "inf", "nan", "1e30", "0", "", " 5", "5s", "0x10", "-0"}) {
+    try {
+      parse_launch_args({"-n", "1", "--timeout", text, "--", "true"});
+      ADD_FAILURE() << "--timeout '" << text << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(contains(e.what(), "pass seconds in [0.001, 31536000]")) << e.what();
+    }
+  }
+  const auto result = run_shell(g_launcher + " -n 1 --timeout 0.0001 -- true");
+  EXPECT_EQ(result.status, 2) << result.output;
+  EXPECT_TRUE(contains(result.output, "--timeout 0.0001: pass seconds")) << result.output;
+  EXPECT_THROW(parse_launch_args({"-n", "2x", "--", "true"}), std::invalid_argument);
 }
 
 }  // namespace

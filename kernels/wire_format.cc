@@ -105,6 +105,18 @@ WeightGeometry weight_geometry(WireFormat format, int64_t rows, int64_t cols, in
                                 " must be positive (the gtp_remat group size G)");
   }
   check_columns(format, cols);
+  // Every byte count derived from the shape (FP32 shard and grad buffer, wire chunks, the gathered
+  // and GEMM-ready copies with their section round-ups) fits in int64 below this many elements.
+  constexpr int64_t kMaxElements = int64_t{1} << 58;
+  int64_t multiple = 0, elements = 0;
+  if (rows > kMaxElements || __builtin_mul_overflow(row_alignment(format), group_size, &multiple) ||
+      multiple > kMaxElements || __builtin_mul_overflow(round_up(rows, multiple), cols, &elements) ||
+      elements > kMaxElements) {
+    throw std::invalid_argument("rows=" + std::to_string(rows) + " x cols=" + std::to_string(cols) + " (G=" +
+                                std::to_string(group_size) + ", rows padded to a multiple of " +
+                                std::to_string(row_alignment(format)) + " x G) exceeds 2^58 elements, the most "
+                                "whose byte sizes (grad buffer, wire chunks) fit in 64 bits: check the shape");
+  }
   WeightGeometry g;
   g.rows = rows;
   g.cols = cols;

@@ -76,8 +76,8 @@ struct WeightGeometry {
   // Rows of rank `rank`'s shard that hold weight rows; the rest are tail padding.
   int64_t valid_rows(int64_t rank) const;
 };
-// Throws std::invalid_argument for non-positive sizes or columns that are not a multiple of
-// column_multiple(format).
+// Throws std::invalid_argument for non-positive sizes, columns that are not a multiple of
+// column_multiple(format), or a padded shape over 2^58 elements (its byte sizes would overflow).
 WeightGeometry weight_geometry(WireFormat format, int64_t rows, int64_t cols, int64_t group_size);
 
 // Byte layout of one wire chunk holding shard_rows x cols elements.

@@ -118,6 +118,11 @@ if [ "${have_fixtures}" -eq 1 ]; then
 fi
 expect validate-missing 1 'cannot open profile' -- validate "${tmp}/nope.json"
 expect validate-malformed 1 'is not valid JSON' -- validate "${tmp}/malformed.json"
+python3 -c "print('[' * 100000)" > "${tmp}/deep.json"
+expect validate-deep 1 'nesting deeper than 64 levels' -- validate "${tmp}/deep.json"
+mkfifo "${tmp}/fifo.json"
+expect validate-fifo 1 'is not a regular file' -- validate "${tmp}/fifo.json"
+expect plan-dev-zero 1 'is not a regular file' -- plan --profile /dev/zero
 expect validate-malformed-xml 1 'is not a valid hwloc XML topology' -- validate "${tmp}/broken.xml"
 expect validate-impossible 1 'choose a multiple of 2' -- validate "${tmp}/impossible.json"
 expect validate-warn-is-strict 1 'INVALID: .*1 unresolved violation' -- validate "${tmp}/wide-warn.json"

@@ -158,11 +158,15 @@ void check_rule(const DomainRule& rule, const GroupPlan& family, const Cluster& 
     const std::vector<int> members(ranks, ranks + size);
     const std::string& host_a = cluster.hosts()[f.host[order[ranks[0]]]].hostname;
     const std::string& host_b = cluster.hosts()[f.host[order[other]]].hostname;
+    // other == ranks[0]: the first rank itself has no NVLink, so there is no second rank to name.
+    const std::string first = "rank " + std::to_string(ranks[0]) + " is on " + host_a + " in " +
+                              domain_label(cluster, order[ranks[0]]);
+    const std::string where = other == ranks[0] ? first
+                                                : first + ", rank " + std::to_string(other) + " on " + host_b + " in " +
+                                                      domain_label(cluster, order[other]);
     std::string reason = rule.family + " group " + std::to_string(g) + " (ranks " + std::to_string(ranks[0]) + ".." +
-                         std::to_string(ranks[size - 1]) + ") is not inside one NVLink domain: rank " +
-                         std::to_string(ranks[0]) + " is on " + host_a + " in " + domain_label(cluster, order[ranks[0]]) +
-                         ", rank " + std::to_string(other) + " on " + host_b + " in " +
-                         domain_label(cluster, order[other]) + "; " + cause_of(rule, cluster, f, order, members, largest);
+                         std::to_string(ranks[size - 1]) + ") is not inside one NVLink domain: " + where + "; " +
+                         cause_of(rule, cluster, f, order, members, largest);
     out->push_back(Violation{rule.rule, rule.family, g, std::move(reason), false});
   }
 }

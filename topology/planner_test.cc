@@ -189,6 +189,23 @@ TEST(Planner, PcieOnlyGpusCannotHostTpGroups) {
   EXPECT_NE(tp.violations[0].reason.find("has no NVLink"), std::string::npos) << tp.violations[0].reason;
 }
 
+// The group's first GPU lacks NVLink: the message named "rank 0 ... rank 0" as the pair that differs.
+TEST(Planner, AFirstRankWithoutNvlinkIsNamedOnce) {
+  HostTopology host;
+  host.hostname = "h0";
+  host.gpus.resize(2);
+  host.gpus[0].index = 0;
+  host.gpus[1].index = 1;
+  host.gpus[1].nvlink = {NvlinkPeer{"nvswitch", "sw", 450}};
+  host.gpus[1].nvlink_domain = "h0/nvswitch";
+  const Plan plan = make_plan(Cluster({host}), sizes(2, 2, 2), ViolationPolicy::kFail);
+  ASSERT_EQ(plan.violations.size(), 1u);
+  const std::string& reason = plan.violations[0].reason;
+  EXPECT_NE(reason.find("not inside one NVLink domain: rank 0 is on h0 in none (h0 GPU 0 has no NVLink); GPU 0 of h0"),
+            std::string::npos) << reason;
+  EXPECT_EQ(reason.find("rank 0 on"), std::string::npos) << reason;
+}
+
 TEST(Planner, RejectsWorldLargerThanCluster) {
   try {
     make_plan(dgx(1), sizes(16, 2, 2), ViolationPolicy::kWarn);

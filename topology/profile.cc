@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cctype>
 #include <climits>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <stdexcept>
 
 #include "topology/discovery.h"
 #include "topology/internal/json_reader.h"
+#include "topology/internal/json_text.h"
 
 namespace gtp::topology {
 
@@ -19,6 +19,16 @@ namespace {
 
 constexpr int kMaxSize = 1 << 24;   // ranks: well beyond any job, small enough to stay in int math
 constexpr int kMaxHosts = 1 << 18;  // template hosts: bounds the memory a typo can request
+// Planning time and memory grow with the GPUs (2M GPUs took 83 s and 16 GB): 2^18 plans in seconds.
+constexpr std::int64_t kMaxClusterGpus = 1 << 18;
+
+void check_gpu_count(std::int64_t gpus, const std::string& path, const std::string& how) {
+  if (gpus > kMaxClusterGpus) {
+    throw std::invalid_argument(path + ": " + how + " = " + std::to_string(gpus) + " GPUs, over the " +
+                                std::to_string(kMaxClusterGpus) +
+                                " a profile may describe (planning time and memory grow with them): describe fewer");
+  }
+}
 
 const std::vector<std::string> kParallelKeys = {
     "world_size",
@@ -74,6 +84,10 @@ Cluster parse_cluster(const json& value, const std::string& base_dir, std::strin
     json host = t.raw("host");
     if (host.is_object() && !host.contains("hostname")) host["hostname"] = "template";
     shape.host = parse_host(host, t.path_of("host"));
+    check_gpu_count(static_cast<std::int64_t>(shape.host_count) * static_cast<std::int64_t>(shape.host.gpus.size()),
+                    t.path_of("host_count"),
+                    "host_count " + std::to_string(shape.host_count) + " x " + std::to_string(shape.host.gpus.size()) +
+                        " GPUs per host");
     hosts = make_cluster(shape).hosts();
   } else {
     *source = "hwloc_xml";
@@ -97,6 +111,9 @@ Cluster parse_cluster(const json& value, const std::string& base_dir, std::strin
       }
     }
   }
+  std::int64_t gpus = 0;
+  for (const HostTopology& host : hosts) gpus += static_cast<std::int64_t>(host.gpus.size());
+  check_gpu_count(gpus, path, "the hosts hold");
   fill_nic_rates(&hosts, nic_rate);
   try {
     return Cluster(std::move(hosts));
@@ -282,17 +299,13 @@ Profile parse_profile(const json& document, const std::string& base_dir) {
   return profile;
 }
 
+Profile parse_profile_text(const std::string& text, const std::string& base_dir) {
+  return parse_profile(internal::parse_json_text(text, "profile_json"), base_dir);
+}
+
 Profile load_profile(const std::string& path) {
-  std::ifstream file(path);
-  if (!file) throw std::invalid_argument("cannot open profile '" + path + "': check the path");
-  std::stringstream text;
-  text << file.rdbuf();
-  json document;
-  try {
-    document = json::parse(text.str());
-  } catch (const json::parse_error& error) {
-    throw std::invalid_argument("'" + path + "' is not valid JSON: " + error.what());
-  }
+  const std::string text = internal::read_regular_file(path, "profile");
+  const json document = internal::parse_json_text(text, "'" + path + "'");
   const size_t slash = path.find_last_of('/');
   return parse_profile(document, slash == std::string::npos ? "." : path.substr(0, slash));
 }

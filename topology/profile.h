@@ -57,7 +57,11 @@ struct Profile {
 
 // relative paths (hwloc_xml) resolve against base_dir.
 Profile parse_profile(const nlohmann::json& document, const std::string& base_dir);
-// Reads and parses a file; a missing file or malformed JSON is std::invalid_argument too.
+// Parses JSON text (checked as load_profile checks a file's) and then the profile.
+Profile parse_profile_text(const std::string& text, const std::string& base_dir);
+// Reads and parses a regular file of at most 64 MiB; a missing or irregular file, nesting deeper
+// than 64, NUL bytes, duplicate keys or malformed JSON is std::invalid_argument too
+// (docs/reliability.md).
 Profile load_profile(const std::string& path);
 
 // "512MiB", "2GiB", "1GB", "4096" -> bytes; throws std::invalid_argument on anything else.

@@ -2,10 +2,13 @@
 
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <set>
+#include <utility>
 #include <stdexcept>
 
 #include "topology/internal/json_reader.h"
+#include "topology/internal/json_text.h"
 
 namespace gtp::topology {
 
@@ -122,6 +125,98 @@ Nic parse_nic(const json& j, const std::string& path) {
   return nic;
 }
 
+// hwloc_bitmap_sscanf syntax: comma-separated 32-bit hex words, the first with "0x" (or "0xf...f" for
+// an infinite set); an empty word is zero.
+bool is_cpuset(const std::string& s) {
+  static const std::regex pattern("(0xf\\.\\.\\.f|0x[0-9a-fA-F]{1,8})(,(0x)?[0-9a-fA-F]{0,8})*");
+  return s.empty() || std::regex_match(s, pattern);
+}
+
+// dddd:bb:dd.f, lower case as CUDA and hwloc print it (the domain may be wider than 4 digits).
+bool is_bus_id(const std::string& s) {
+  static const std::regex pattern("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]");
+  return std::regex_match(s, pattern);
+}
+
+// What parsing each record alone cannot see: repeats, malformed strings, domains without links.
+void check_host(const HostTopology& host, const std::string& path) {
+  const auto at = [&](const std::string& list, size_t i, const std::string& key) {
+    return path + "/" + list + "/" + std::to_string(i) + (key.empty() ? "" : "/" + key);
+  };
+  const auto fail = [](const std::string& where, const std::string& message) {
+    throw std::invalid_argument(where + ": " + message);
+  };
+  const auto check_cpuset = [&](const std::string& where, const std::string& value) {
+    if (!is_cpuset(value)) fail(where, "'" + value + "' is not an hwloc cpuset: write hex words like \"0xff,0xffffffff\"");
+  };
+  const auto check_bus_id = [&](const std::string& where, const std::string& value) {
+    if (!value.empty() && !is_bus_id(value)) {
+      fail(where, "'" + value + "' is not a PCI bus id: write dddd:bb:dd.f in lower case, e.g. \"0000:1b:00.0\"");
+    }
+  };
+  std::map<int, size_t> numa_seen;
+  for (size_t i = 0; i < host.numa_nodes.size(); ++i) {
+    const NumaNode& numa = host.numa_nodes[i];
+    const auto first = numa_seen.emplace(numa.os_index, i);
+    if (!first.second) {
+      fail(at("numa_nodes", i, "os_index"), "NUMA node " + std::to_string(numa.os_index) + " is listed twice (first at " +
+                                                at("numa_nodes", first.first->second, "") + "): list each node once");
+    }
+    check_cpuset(at("numa_nodes", i, "cpuset"), numa.cpuset);
+  }
+  for (size_t i = 0; i < host.packages.size(); ++i) check_cpuset(at("packages", i, "cpuset"), host.packages[i].cpuset);
+  std::map<int, size_t> index_seen;
+  std::map<std::string, std::string> domain_of_bus;
+  for (const Gpu& gpu : host.gpus)
+    if (!gpu.bus_id.empty()) domain_of_bus[gpu.bus_id] = gpu.nvlink_domain;
+  for (size_t i = 0; i < host.gpus.size(); ++i) {
+    const Gpu& gpu = host.gpus[i];
+    const auto first = index_seen.emplace(gpu.index, i);
+    if (!first.second) {
+      fail(at("gpus", i, "index"), "GPU index " + std::to_string(gpu.index) + " is listed twice (first at " +
+                                       at("gpus", first.first->second, "") + "): GPU indices are unique per host");
+    }
+    check_bus_id(at("gpus", i, "bus_id"), gpu.bus_id);
+    check_cpuset(at("gpus", i, "cpuset"), gpu.cpuset);
+    std::map<std::pair<std::string, std::string>, size_t> peers;
+    bool linked_in_domain = false;
+    for (size_t k = 0; k < gpu.nvlink.size(); ++k) {
+      const NvlinkPeer& link = gpu.nvlink[k];
+      const std::string where = at("gpus", i, "nvlink/" + std::to_string(k));
+      const auto repeat = peers.emplace(std::make_pair(link.peer_kind, link.peer), k);
+      if (!repeat.second) {
+        fail(where, link.peer_kind + " '" + link.peer + "' is listed twice (first at nvlink/" +
+                        std::to_string(repeat.first->second) +
+                        "), which would double its bandwidth: list each peer once with all its links' bandwidth");
+      }
+      if (link.peer_kind == "gpu" && !is_bus_id(link.peer)) {
+        fail(where + "/peer", "'" + link.peer + "' is not a GPU bus id: write dddd:bb:dd.f in lower case");
+      }
+      if (link.peer_kind == "cpu" && !std::regex_match(link.peer, std::regex("package:[0-9]+"))) {
+        fail(where + "/peer", "'" + link.peer + "' is not a CPU package: write \"package:<os_index>\"");
+      }
+      const auto peer = domain_of_bus.find(link.peer);
+      linked_in_domain |= link.peer_kind == "nvswitch" ||
+                          (link.peer_kind == "gpu" && peer != domain_of_bus.end() && peer->second == gpu.nvlink_domain);
+    }
+    // The planner takes a domain for NVLink bandwidth among its GPUs: a member needs a link into it.
+    if (!gpu.nvlink_domain.empty() && !linked_in_domain) {
+      fail(at("gpus", i, "nvlink_domain"), "GPU " + std::to_string(gpu.index) + " is in NVLink domain '" +
+                                               gpu.nvlink_domain + "' but has no NVLink to an NVSwitch or to a GPU of "
+                                               "that domain: add its nvlink entries or drop nvlink_domain");
+    }
+  }
+  std::map<std::string, size_t> nic_seen;
+  for (size_t i = 0; i < host.nics.size(); ++i) {
+    const auto first = nic_seen.emplace(host.nics[i].name, i);
+    if (!first.second) {
+      fail(at("nics", i, "name"), "NIC '" + host.nics[i].name + "' is listed twice (first at " +
+                                      at("nics", first.first->second, "") + "): list each NIC once");
+    }
+    check_bus_id(at("nics", i, "bus_id"), host.nics[i].bus_id);
+  }
+}
+
 }  // namespace
 
 HostTopology parse_host(const json& j, const std::string& json_path) {
@@ -135,6 +230,7 @@ HostTopology parse_host(const json& j, const std::string& json_path) {
   host.gpus = parse_list<Gpu>(r, "gpus", parse_gpu);
   host.nics = parse_list<Nic>(r, "nics", parse_nic);
   host.notes = parse_strings(r, "notes");
+  check_host(host, json_path);
   return host;
 }
 
@@ -207,12 +303,8 @@ Cluster Cluster::from_records(const std::vector<std::string>& json_records) {
   std::map<std::string, json> seen;  // hostname -> canonical record
   for (size_t i = 0; i < json_records.size(); ++i) {
     const std::string path = "/records/" + std::to_string(i);
-    json record;
-    try {
-      record = json::parse(json_records[i]);
-    } catch (const json::parse_error& error) {
-      throw std::invalid_argument(path + ": not valid JSON (" + error.what() + "): send to_json(HostTopology)");
-    }
+    // A peer's bytes: bounded and checked like a profile's before nlohmann's recursion sees them.
+    const json record = internal::parse_json_text(json_records[i], path);
     HostTopology host = parse_host(record, path);
     const json canonical = host;
     auto it = seen.find(host.hostname);

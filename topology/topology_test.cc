@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "topology/discovery.h"
 #include "topology/internal/test_clusters.h"
@@ -43,6 +47,76 @@ TEST(HostRecord, StrictParsing) {
   record["gpus"][0]["bus"] = "x";
   EXPECT_THROW(record.get<HostTopology>(), std::invalid_argument);
   EXPECT_THROW(json::array().get<HostTopology>(), std::invalid_argument);
+}
+
+// A host of two NVLinked GPUs (NVSwitch) to break one field at a time.
+json two_gpu_host() {
+  return json::parse(R"({"hostname": "h", "numa_nodes": [{"os_index": 0, "cpuset": "0x000000ff,,0xffffffff"}],
+    "gpus": [{"index": 0, "bus_id": "0000:1b:00.0", "cpuset": "0xff", "nvlink_domain": "d",
+              "nvlink": [{"peer_kind": "gpu", "peer": "0000:43:00.0", "gbytes_per_s": 100},
+                         {"peer_kind": "cpu", "peer": "package:0", "gbytes_per_s": 50}]},
+             {"index": 1, "bus_id": "0000:43:00.0", "nvlink_domain": "d",
+              "nvlink": [{"peer_kind": "nvswitch", "peer": "sw", "gbytes_per_s": 450}]}],
+    "nics": [{"name": "mlx5_0", "bus_id": "0000:4a:00.0"}]})");
+}
+
+std::string host_error(const json& record) {
+  try {
+    parse_host(record, "/cluster/hosts/2");
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// Repeats and malformed strings used to be taken as given (a repeated NVLink entry doubled the
+// predicted bandwidth); each is refused naming its JSON pointer.
+TEST(HostRecord, RepeatsMalformedStringsAndUnlinkedDomainsAreRefused) {
+  EXPECT_EQ(host_error(two_gpu_host()), "");
+  const auto broken = [](const std::function<void(json&)>& edit) {
+    json record = two_gpu_host();
+    edit(record);
+    return host_error(record);
+  };
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> cases = {
+      {[](json& h) { h["gpus"][1]["index"] = 0; }, "/cluster/hosts/2/gpus/1/index: GPU index 0 is listed twice (first at /cluster/hosts/2/gpus/0)"},
+      {[](json& h) { h["numa_nodes"].push_back({{"os_index", 0}}); }, "/cluster/hosts/2/numa_nodes/1/os_index: NUMA node 0 is listed twice"},
+      {[](json& h) { h["nics"].push_back({{"name", "mlx5_0"}}); }, "/cluster/hosts/2/nics/1/name: NIC 'mlx5_0' is listed twice"},
+      {[](json& h) { h["gpus"][1]["nvlink"].push_back(h["gpus"][1]["nvlink"][0]); },
+       "/cluster/hosts/2/gpus/1/nvlink/1: nvswitch 'sw' is listed twice (first at nvlink/0), which would double"},
+      {[](json& h) { h["numa_nodes"][0]["cpuset"] = "0-7"; }, "/cluster/hosts/2/numa_nodes/0/cpuset: '0-7' is not an hwloc cpuset"},
+      {[](json& h) { h["gpus"][0]["cpuset"] = "0xff,0x123456789"; }, "/cluster/hosts/2/gpus/0/cpuset"},
+      {[](json& h) { h["gpus"][0]["bus_id"] = "0000:1B:00.0"; }, "/cluster/hosts/2/gpus/0/bus_id: '0000:1B:00.0' is not a PCI bus id"},
+      {[](json& h) { h["nics"][0]["bus_id"] = "4a:00.0"; }, "/cluster/hosts/2/nics/0/bus_id"},
+      {[](json& h) { h["gpus"][0]["nvlink"][0]["peer"] = "gpu1"; }, "/cluster/hosts/2/gpus/0/nvlink/0/peer: 'gpu1' is not a GPU bus id"},
+      {[](json& h) { h["gpus"][0]["nvlink"][1]["peer"] = "socket0"; }, "/cluster/hosts/2/gpus/0/nvlink/1/peer: 'socket0' is not a CPU package"},
+      {[](json& h) { h["gpus"][1]["nvlink"] = json::array(); },
+       "/cluster/hosts/2/gpus/1/nvlink_domain: GPU 1 is in NVLink domain 'd' but has no NVLink"},
+      {[](json& h) { h["gpus"][1]["nvlink_domain"] = "e"; },  // GPU 0's only GPU link now leaves its domain
+       "/cluster/hosts/2/gpus/0/nvlink_domain: GPU 0 is in NVLink domain 'd'"},
+  };
+  for (const auto& [edit, message] : cases) {
+    const std::string error = broken(edit);
+    EXPECT_NE(error.find(message), std::string::npos) << "expected: " << message << "\n     got: " << error;
+  }
+}
+
+// Records arrive from peers: deep nesting, repeated keys and garbage are errors naming the record.
+TEST(ClusterView, MalformedRecordsAreRefusedNamingTheRecord) {
+  const std::string good = two_gpu_host().dump();
+  const auto error_of = [](const std::vector<std::string>& records) {
+    try {
+      Cluster::from_records(records);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error_of({good}), "");
+  EXPECT_NE(error_of({good, std::string(100000, '[')}).find("/records/1: nesting deeper than 64"), std::string::npos);
+  EXPECT_NE(error_of({R"({"hostname": "a", "hostname": "b"})"}).find("/records/0: /hostname: duplicate key"),
+            std::string::npos);
+  EXPECT_NE(error_of({"{"}).find("/records/0 is not valid JSON"), std::string::npos);
 }
 
 TEST(ClusterView, RecordsFromEveryRankCollapsePerHost) {

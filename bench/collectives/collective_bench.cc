@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,9 +27,13 @@ const char* type_name(comm::HostDataType type) { return type == comm::HostDataTy
 
 int parse_int(const std::string& flag, const std::string& text, int min) {
   char* end = nullptr;
+  errno = 0;
   const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || value < min || value > 1000000000) {
-    throw std::invalid_argument(flag + " " + text + ": pass an integer >= " + std::to_string(min) + "\n" + kUsage);
+  // Whole string, no leading blanks or '+' (strtol would skip them), no overflow.
+  if (text.empty() || !(std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-') || *end != '\0' ||
+      errno == ERANGE || value < min || value > 1000000000) {
+    throw std::invalid_argument(flag + " " + text + ": pass a whole number in [" + std::to_string(min) +
+                                ", 1000000000]\n" + kUsage);
   }
   return static_cast<int>(value);
 }
@@ -69,18 +75,22 @@ float rounded(float value, comm::HostDataType type) {
 std::size_t type_size(comm::HostDataType type) { return type == comm::HostDataType::kFloat32 ? 4 : 2; }
 
 std::size_t parse_size(const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  std::size_t scale = 1;
-  const std::string suffix = end;
-  if (suffix == "K" || suffix == "k") scale = std::size_t{1} << 10;
-  else if (suffix == "M" || suffix == "m") scale = std::size_t{1} << 20;
-  else if (suffix == "G" || suffix == "g") scale = std::size_t{1} << 30;
-  else if (!suffix.empty()) scale = 0;
-  if (end == text.c_str() || scale == 0 || !(value > 0)) {
-    throw std::invalid_argument("size \"" + text + "\": pass bytes, optionally with K, M or G (for example 64M)");
-  }
-  return static_cast<std::size_t>(value * scale);
+  // Digits and one optional unit: no fractions, exponents, signs, inf or nan (a size is whole bytes).
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string suffix = text.substr(digits);
+  int shift = -1;
+  if (suffix.empty()) shift = 0;
+  else if (suffix == "K" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "m") shift = 20;
+  else if (suffix == "G" || suffix == "g") shift = 30;
+  const std::string range = ": pass a whole number of bytes in [1, 1T] (1T = 2^40), optionally with K, M or G "
+                            "(for example 64M)";
+  if (digits == 0 || shift < 0) throw std::invalid_argument("size \"" + text + "\"" + range);
+  // At most 2^40 bytes: the sweep multiplies sizes by -f, which must not overflow.
+  const std::size_t value = digits > 13 ? kMaxBytes + 1 : std::stoull(text.substr(0, digits));
+  if (value == 0 || value > (kMaxBytes >> shift)) throw std::invalid_argument("size \"" + text + "\"" + range);
+  return value << shift;
 }
 
 BenchOptions parse_bench_args(const std::vector<std::string>& args) {

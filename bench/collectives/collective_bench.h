@@ -46,7 +46,10 @@ inline constexpr std::size_t kWireCols = 4096;
 // the usage.
 BenchOptions parse_bench_args(const std::vector<std::string>& args);
 
-// Parses "4096", "64K", "16M", "1G".
+// The largest -b / -e: 1 TiB.
+inline constexpr std::size_t kMaxBytes = std::size_t{1} << 40;
+
+// Parses "4096", "64K", "16M", "1G": whole bytes in [1, kMaxBytes]; throws std::invalid_argument.
 std::size_t parse_size(const std::string& text);
 
 // nccl-tests' busbw factor for all-gather and reduce-scatter: (n-1)/n.

@@ -64,6 +64,26 @@ TEST(CollectiveBench, ParsesNcclTestsFlags) {
   EXPECT_THROW(parse_bench_args({"all_gather", "-d", "int8"}), std::invalid_argument);
 }
 
+// Sizes are whole bytes in [1, 1T]: a fraction, an exponent or inf used to become 0 (an endless sweep)
+// or an undefined conversion ("-e 1e30" read as 0).
+TEST(CollectiveBench, RefusesSizesAndCountsThatAreNotWholeNumbersInRange) {
+  for (const char* text : {"0.5", "1e30", "inf", "nan", "-1", "0", "1.5K", "2T", "2048G", " 64", "+64", "64MB",
+                           "99999999999999999999"}) {
+    try {
+      parse_size(text);
+      ADD_FAILURE() << "size '" << text << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("whole number of bytes in [1, 1T]"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(parse_size("1024G"), kMaxBytes);
+  EXPECT_EQ(parse_size("1"), 1u);
+  for (const char* text : {"2.5", "1e3", " 3", "+3", "99999999999"}) {
+    EXPECT_THROW(parse_bench_args({"all_gather", "-n", text}), std::invalid_argument) << text;
+  }
+  EXPECT_THROW(parse_bench_args({"all_gather", "-e", "1e30"}), std::invalid_argument);
+}
+
 TEST(CollectiveBench, ParsesGroupProfileAndFormat) {
   const BenchOptions options =
       parse_bench_args({"all_gather", "--format", "nvfp4", "--profile", "p.json", "--group", "tp,gtp_remat"});
@@ -243,6 +263,12 @@ TEST(CollectiveBench, BadFlagsAndMismatchedProfilesExitWith2) {
        "--group tp,expt_dp: not a group family"},
       {g_launcher + " -n 2 --timeout 60 -- " + g_bench + " all_gather --profile " + tmp_path("missing.json"),
        "missing.json"},
+      {g_bench + " all_gather -b 0.5", "size \"0.5\": pass a whole number of bytes"},
+      {g_bench + " all_gather -b inf", "size \"inf\""},
+      {g_bench + " all_gather -e 1e30", "size \"1e30\""},
+      // Checked before the run: it used to exit 0 after the sweep without writing anything.
+      {g_launcher + " -n 1 --timeout 60 -- " + g_bench + " all_gather -b 1K -e 1K --json /nonexistent/dir/x.json",
+       "--json /nonexistent/dir/x.json: cannot open for writing"},
   };
   for (const auto& [command, message] : cases) {
     const auto result = comm::internal::run_shell(command);

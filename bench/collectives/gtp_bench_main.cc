@@ -4,8 +4,10 @@
 // GPU path (NCCL) when a CUDA device is present, else the host transport; the header says which.
 #include <nccl.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -49,6 +51,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gtp-bench: %s\n", e.what());
     return 2;
   }
+  // Opened before the run, so an unwritable path fails in a second, not after the sweep.
+  std::ofstream json;
+  if (config.rank == 0 && !options.json_path.empty()) {
+    json.open(options.json_path);
+    if (!json) {
+      std::fprintf(stderr, "gtp-bench: --json %s: cannot open for writing (%s): pass a path in a writable directory\n",
+                   options.json_path.c_str(), std::strerror(errno));
+      return 2;
+    }
+  }
   try {
     comm::UcxBootstrap bootstrap(config);
     const int devices = bench::cuda_device_count();
@@ -78,8 +90,9 @@ int main(int argc, char** argv) {
       if (!options.json_path.empty()) {
         std::string command;
         for (int i = 0; i < argc; ++i) command += (i ? " " : "") + std::string(argv[i]);
-        std::ofstream(options.json_path)
-            << bench::to_json(options, ranks, rows, command, transport, groups.group_size).dump(2) << "\n";
+        json << bench::to_json(options, ranks, rows, command, transport, groups.group_size).dump(2) << "\n";
+        json.close();
+        if (!json) throw std::runtime_error("--json " + options.json_path + ": writing failed (disk full?)");
       }
     }
     bool any_wrong = false;

@@ -248,7 +248,11 @@ std::string profile_json(int world_size, const std::string& stream_priority, int
                                 "' is unknown; use high, normal or low");
   }
   nlohmann::json gpus = nlohmann::json::array();
-  for (int g = 0; g < world_size; ++g) gpus.push_back({{"index", g}, {"nvlink_domain", "nvswitch"}});
+  // A domain's GPUs list their link into it (the profile reader checks); an H200's NVLink per direction.
+  const nlohmann::json link = {{"peer_kind", "nvswitch"}, {"peer", "nvswitch"}, {"gbytes_per_s", 450}};
+  for (int g = 0; g < world_size; ++g) {
+    gpus.push_back({{"index", g}, {"nvlink", nlohmann::json::array({link})}, {"nvlink_domain", "nvswitch"}});
+  }
   const nlohmann::json profile = {
       {"schema_version", 1},
       {"name", "gtp-overlap-bench"},

@@ -23,7 +23,7 @@ gtp_status_t copy_text(gtp_context_t* ctx, const char* call, char* buf, size_t c
     }
     std::memcpy(buf, s.c_str(), s.size() + 1);
     *len = s.size();
-  });
+  }, InvalidArgumentIs::kArgument, Access::kRead);
 }
 
 }  // namespace
@@ -36,6 +36,10 @@ gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_
 
 gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
   if (ctx == nullptr) return GTP_SUCCESS;
+  // Refused while a call runs (another thread's, or the one whose grad_ready callback this is):
+  // freeing the context under it would corrupt the heap. The context stays usable.
+  const std::string refusal = enter_call(*ctx, "gtp_context_destroy", Access::kExclusive);
+  if (!refusal.empty()) return guarded(nullptr, "gtp_context_destroy", [&] { throw StateError(refusal); });
   const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
     ctx->runtime.reset();
     ctx->backend.reset();
@@ -45,6 +49,7 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
     ctx->host_comms.clear();
     ctx->group_bootstraps.clear();
   });
+  leave_call(*ctx);  // a thread still calling into the context after this uses a freed handle
   delete ctx;
   return status;
 }
@@ -56,7 +61,7 @@ gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
     for (auto& comm : ctx->nccl_reduce_scatter) comm->abort();
     for (auto& comm : ctx->nccl_groups) comm->abort();
     if (ctx->nccl_world != nullptr) ctx->nccl_world->abort();
-  });
+  }, InvalidArgumentIs::kArgument, Access::kAny);  // ncclCommAbort is how another thread stops a stuck call
 }
 
 gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
@@ -72,7 +77,7 @@ gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
     const std::vector<int> expert = grid.coords(ctx->rank, gtp::topology::kExpertView);
     *out = gtp_sizes_t{sizeof(gtp_sizes_t), ctx->rank, s.world_size, s.tp, s.gtp_remat, s.expt_gtp_remat, s.dp,
                        data.index, data.count, dense[0], dense[1], expert[2], dense[3]};
-  });
+  }, InvalidArgumentIs::kArgument, Access::kAny);  // the sizes are fixed at create
 }
 
 gtp_status_t gtp_stats_json(gtp_context_t* ctx, char* buf, size_t cap, size_t* len) {

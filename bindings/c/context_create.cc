@@ -42,7 +42,7 @@ gtp::topology::Profile profile_for(const gtp_context_config_t& config, int world
     return profile;
   }
   gtp::topology::Profile profile =
-      config.profile_json != nullptr ? gtp::topology::parse_profile(nlohmann::json::parse(config.profile_json), ".")
+      config.profile_json != nullptr ? gtp::topology::parse_profile_text(config.profile_json, ".")
                                      : gtp::topology::load_profile(config.profile_path);
   require(profile.sizes.world_size == world_size, "the profile's world_size is " + std::to_string(profile.sizes.world_size) +
                                                       " but the bootstrap has " + std::to_string(world_size) + " ranks");
@@ -256,6 +256,8 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
                               profile.group(group).grads_into_main_grad});
   }
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
+  require(config->trace_spans <= kMaxTraceSpans, "trace_spans is " + std::to_string(config->trace_spans) +
+                                                      "; give 0 (no trace) .. " + std::to_string(kMaxTraceSpans));
   runtime.trace_spans = config->trace_spans;
 
   const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
@@ -266,6 +268,7 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   }
 
   ctx->generation = next_generation.fetch_add(1);
+  ctx->call_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no clock overflow
   ctx->grad_ready = config->grad_ready;
   ctx->grad_ready_user_data = config->grad_ready_user_data;
   if (ctx->grad_ready != nullptr) {

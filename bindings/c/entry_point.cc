@@ -1,6 +1,10 @@
 // The entry points' shared handle and capture checks, the context-free error, and the status strings.
 #include <algorithm>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "bindings/c/internal/entry_point.h"
@@ -12,6 +16,51 @@ using remat::WeightId;
 std::string& context_free_error() {
   thread_local std::string error;
   return error;
+}
+
+void set_last_error(gtp_context_t* ctx, std::string text) {
+  if (ctx == nullptr) {
+    context_free_error() = std::move(text);
+    return;
+  }
+  std::lock_guard<std::mutex> lock(ctx->errors_mutex);
+  ctx->last_errors[std::this_thread::get_id()] = std::move(text);
+}
+
+std::string enter_call(gtp_context& ctx, const char* call, Access access) {
+  std::unique_lock<std::mutex> lock(ctx.call_mutex);
+  const auto deadline = std::chrono::steady_clock::now() + ctx.call_wait;
+  while (ctx.call_in_progress != nullptr) {
+    const std::string other = ctx.call_in_progress;
+    if (ctx.call_thread == std::this_thread::get_id()) {
+      return std::string(call) + " was called from inside " + other +
+             " on the same thread (from the grad_ready callback?); calls on a context are not re-entrant: "
+             "make it after " + other + " returns";
+    }
+    // A read is short and must not make the training thread's calls fail: wait for it (or let it wait).
+    if (access != Access::kRead && !ctx.call_is_read) {
+      return other + " is in progress on this context on another thread; a context takes one call at a time "
+                     "(stats, trace and sizes reads excepted): serialize the calls, e.g. with a lock";
+    }
+    if (ctx.call_done.wait_until(lock, deadline) == std::cv_status::timeout && ctx.call_in_progress != nullptr) {
+      return std::string(call) + " waited timeout_ms=" + std::to_string(ctx.call_wait.count()) + " for " + other +
+             " to return; is it waiting for this call (a CUDA host-function callback reading its own context)?";
+    }
+  }
+  ctx.call_in_progress = call;
+  ctx.call_thread = std::this_thread::get_id();
+  ctx.call_is_read = access == Access::kRead;
+  return "";
+}
+
+void leave_call(gtp_context& ctx) {
+  {
+    std::lock_guard<std::mutex> lock(ctx.call_mutex);
+    ctx.call_in_progress = nullptr;
+    ctx.call_thread = std::thread::id();
+    ctx.call_is_read = false;
+  }
+  ctx.call_done.notify_all();
 }
 
 WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
@@ -30,14 +79,22 @@ WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {
 // found by sorting a copy rather than with a node-based set.
 std::vector<WeightId> ids_of(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n) {
   if (ws == nullptr && n != 0) require(false, "ws is NULL but n is " + std::to_string(n));
-  std::vector<WeightId> ids(n);
-  for (size_t i = 0; i < n; ++i) ids[i] = id_of(ctx, ws[i]);
-  if (n > 1) {
+  // More handles than registered weights means one is listed twice among the first registered + 1:
+  // reading stops there, so a huge n neither sizes a vector nor walks past what ws can hold.
+  const size_t most = static_cast<size_t>(ctx.registered) + 1;
+  std::vector<WeightId> ids;
+  ids.reserve(std::min(n, most));
+  for (size_t i = 0; i < n && ids.size() < most; ++i) ids.push_back(id_of(ctx, ws[i]));
+  if (ids.size() > 1) {
     std::vector<WeightId> sorted(ids);
     std::sort(sorted.begin(), sorted.end());
     const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
     if (twice != sorted.end()) {
-      require(false, "weight id " + std::to_string(*twice) + " is listed twice; list each weight once");
+      require(false, "weight id " + std::to_string(*twice) + " is listed twice" +
+                         (ids.size() < n ? " (n is " + std::to_string(n) + " but " + std::to_string(ctx.registered) +
+                                               " weights are registered)"
+                                         : std::string()) +
+                         "; list each weight once");
     }
   }
   return ids;
@@ -72,7 +129,10 @@ const char* gtp_status_string(gtp_status_t status) {
 }
 
 const char* gtp_last_error(const gtp_context_t* ctx) {
-  return ctx != nullptr ? ctx->last_error.c_str() : context_free_error().c_str();
+  if (ctx == nullptr) return context_free_error().c_str();
+  auto* c = const_cast<gtp_context_t*>(ctx);
+  std::lock_guard<std::mutex> lock(c->errors_mutex);
+  return c->last_errors[std::this_thread::get_id()].c_str();
 }
 
 }  // extern "C"

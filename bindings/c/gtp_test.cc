@@ -427,7 +427,7 @@ TEST(CAbi, MisuseReturnsItsStatusAndNamesTheProblem) {
     EXPECT_GTP_ERROR(gtp_materialize(ctx, &w, 1, static_cast<gtp_phase_t>(5), 0, GTP_LAYOUT_BF16, ptrs, 1, &count, nullptr),
                      GTP_ERROR_INVALID_ARGUMENT, ctx, "phase 5");
     EXPECT_GTP_ERROR(gtp_materialize(ctx, &w, 1, GTP_PHASE_FORWARD, -1, GTP_LAYOUT_BF16, ptrs, 1, &count, nullptr),
-                     GTP_ERROR_INVALID_ARGUMENT, ctx, "model chunk -1");
+                     GTP_ERROR_INVALID_ARGUMENT, ctx, "model_chunk is -1; give 0..1023");
     EXPECT_GTP_ERROR(gtp_materialize(ctx, &w, 1, GTP_PHASE_FORWARD, 0, static_cast<gtp_layout_t>(2), ptrs, 1, &count, nullptr),
                      GTP_ERROR_INVALID_ARGUMENT, ctx, "layout 2");
     EXPECT_EQ(ptrs[0], nullptr);

@@ -13,8 +13,14 @@ namespace {
 
 // The weights of a materialize call, checked: at least one, and room in the output for every weight
 // once expert leaders are expanded.
-std::vector<WeightId> materialize_ids(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n, size_t out_capacity) {
+std::vector<WeightId> materialize_ids(const gtp_context_t& ctx, const gtp_weight_t* ws, size_t n, size_t out_capacity,
+                                      int32_t model_chunk) {
   if (n == 0) require(false, "n is 0; materialize at least one weight");
+  // Each chunk has its chains: a huge index would allocate them all.
+  if (model_chunk < 0 || model_chunk >= kMaxModelChunks) {
+    require(false, "model_chunk is " + std::to_string(model_chunk) + "; give 0.." + std::to_string(kMaxModelChunks - 1) +
+                       " (the virtual pipeline chunk of the layer)");
+  }
   std::vector<WeightId> ids = ids_of(ctx, ws, n);
   const size_t expanded = ctx.runtime->registry().expand(ids.data(), static_cast<std::int64_t>(ids.size())).size();
   if (out_capacity < expanded) {
@@ -78,7 +84,7 @@ gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t 
   return on_context(ctx, "gtp_materialize", [&] {
     require(out_ptrs != nullptr, "out_ptrs is NULL");
     require(out_count != nullptr, "out_count is NULL");
-    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity);
+    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity, model_chunk);
     const std::int64_t count = static_cast<std::int64_t>(ids.size());
     require(as_int(layout) != GTP_LAYOUT_GEMM,
             "layout GTP_LAYOUT_GEMM needs several pointers per weight; call gtp_materialize_views");
@@ -104,7 +110,7 @@ gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, s
   return on_context(ctx, "gtp_materialize_views", [&] {
     require(out != nullptr, "out is NULL");
     require(out_count != nullptr, "out_count is NULL");
-    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity);
+    const std::vector<WeightId> ids = materialize_ids(*ctx, ws, n, out_capacity, model_chunk);
     const std::int64_t count = static_cast<std::int64_t>(ids.size());
     const size_t expanded = ctx->runtime->registry().expand(ids.data(), count).size();
     for (size_t i = 0; i < expanded; ++i) {

@@ -1,4 +1,5 @@
 // The C ABI's weights: register (the descriptor checked and resolved), unregister, shard_updated.
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -6,6 +7,37 @@
 
 using namespace gtp::cabi;
 using gtp::remat::WeightId;
+
+namespace {
+
+// The offset of the first byte that is not well-formed UTF-8 (RFC 3629: no overlong forms, no
+// surrogates, nothing above U+10FFFF), or -1. Names end up in the stats JSON, which must be UTF-8.
+std::ptrdiff_t invalid_utf8_offset(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  for (std::size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+    if (c < 0x80) len = 1;
+    else if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c == 0xE0) len = 3, lo = 0xA0;
+    else if (c == 0xED) len = 3, hi = 0x9F;
+    else if (c >= 0xE1 && c <= 0xEF) len = 3;
+    else if (c == 0xF0) len = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) len = 4;
+    else if (c == 0xF4) len = 4, hi = 0x8F;
+    else return static_cast<std::ptrdiff_t>(i);
+    if (i + len > n) return static_cast<std::ptrdiff_t>(i);
+    for (std::size_t k = 1; k < len; ++k) {
+      if (p[i + k] < (k == 1 ? lo : 0x80) || p[i + k] > (k == 1 ? hi : 0xBF)) return static_cast<std::ptrdiff_t>(i);
+    }
+    i += len;
+  }
+  return -1;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -17,6 +49,9 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     check_struct_size(desc->struct_size, sizeof(gtp_weight_desc_t), "gtp_weight_desc_t");
     gtp::remat::WeightDesc d;
     d.name = desc->name != nullptr ? desc->name : "";
+    const std::ptrdiff_t bad = invalid_utf8_offset(d.name);
+    require(bad < 0, "name is not valid UTF-8 (byte " + std::to_string(bad) + " of " + std::to_string(d.name.size()) +
+                         " starts no well-formed sequence); weight names go into the stats JSON: pass UTF-8");
     d.shard = desc->shard;
     const int dtype = as_int(desc->dtype), wire = as_int(desc->wire), group = as_int(desc->group);
     require(dtype == GTP_DTYPE_BF16 || dtype == GTP_DTYPE_FP32,
@@ -59,6 +94,7 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
     d.main_grad = desc->main_grad;
     if (desc->expert_leader != nullptr) d.expert_leader = id_of(*ctx, *desc->expert_leader);
     const WeightId id = ctx->runtime->register_weight(d);
+    ++ctx->registered;
     *out = gtp_weight_t{id, ctx->generation};
   });
 }
@@ -67,6 +103,7 @@ gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w) {
   return on_context(ctx, "gtp_weight_unregister", [&] {
     refuse_under_capture(*ctx, "gtp_weight_unregister");
     ctx->runtime->unregister_weight(id_of(*ctx, w));
+    --ctx->registered;
   }, InvalidArgumentIs::kState);
 }
 

@@ -2,11 +2,17 @@
 // gtp_status_t, argument-check helpers, and context creation (context_create.cc).
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/bootstrap.h"
@@ -53,6 +59,10 @@ inline void check_struct_size(size_t given, size_t expected, const char* type) {
                                  std::to_string(expected) + "; initialize it with the header's *_INITIALIZER");
 }
 
+// Bounds that keep hostile values from becoming huge allocations (docs/reliability.md).
+inline constexpr std::size_t kMaxTraceSpans = std::size_t{1} << 24;
+inline constexpr std::int32_t kMaxModelChunks = 1024;
+
 // gtp_context_create: checks the config, bootstraps, builds the grid's groups on the chosen backend
 // and the runtime; *out only on success.
 void create_context(const gtp_context_config_t* config, gtp_context_t** out);
@@ -61,11 +71,26 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out);
 
 struct gtp_context {
   std::uint64_t generation = 0;
-  std::string last_error;
-  bool aborted = false;
+  // The call in progress (docs/c-abi.md, Thread safety): another is refused while it runs, except
+  // that reads (stats, trace) wait for a call and calls wait for a read; nothing below is touched
+  // by two threads at once. Guarded by call_mutex.
+  std::mutex call_mutex;
+  std::condition_variable call_done;
+  const char* call_in_progress = nullptr;
+  std::thread::id call_thread;
+  bool call_is_read = false;
+  // How long a call waits for another (the config's timeout_ms): a read from a CUDA host-function
+  // callback waiting for a drain that waits for that callback fails instead of deadlocking.
+  std::chrono::milliseconds call_wait{0};
+  // gtp_last_error(ctx), per calling thread: a refused call cannot overwrite the running call's
+  // message, and std::map's nodes stay put while other threads add theirs.
+  std::mutex errors_mutex;
+  std::map<std::thread::id, std::string> last_errors;
+  std::atomic<bool> aborted{false};  // set by gtp_context_abort from any thread
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
   gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t
+  std::int64_t registered = 0;  // weights registered now: no call can list more
   gtp_grad_ready_fn grad_ready = nullptr;
   void* grad_ready_user_data = nullptr;
   // Destroyed bottom-up: the runtime before its backend, the backend before its communicators and

@@ -21,6 +21,9 @@ namespace gtp::cabi {
 // extern thread_local variable was exported by libgtp.so despite libgtp.lds (exports_test).
 std::string& context_free_error();
 
+// The message gtp_last_error(ctx) shows to the calling thread (ctx NULL: the context-free one).
+void set_last_error(gtp_context_t* ctx, std::string text);
+
 // How std::invalid_argument from the runtime is reported: release and finalize raise it only for
 // call-order misuse once their handles and arguments have been checked here.
 enum class InvalidArgumentIs { kArgument, kState };
@@ -29,7 +32,6 @@ enum class InvalidArgumentIs { kArgument, kState };
 template <typename Body>
 gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
                      InvalidArgumentIs invalid = InvalidArgumentIs::kArgument) {
-  std::string* error = ctx != nullptr ? &ctx->last_error : &context_free_error();
   gtp_status_t status = GTP_SUCCESS;
   std::string message;
   try {
@@ -66,25 +68,49 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
     status = GTP_ERROR_INTERNAL;
     message = "unknown exception";
   }
-  if (status != GTP_SUCCESS) {
-    try {
-      *error = std::string(call) + ": " + message;
-    } catch (...) {
-      error->clear();
-    }
-  } else {
-    error->clear();
+  try {
+    set_last_error(ctx, status != GTP_SUCCESS ? std::string(call) + ": " + message : std::string());
+  } catch (...) {  // out of memory for the message: the status still says what happened
   }
   return status;
 }
 
-// A context's entry point: a null ctx is INVALID_ARGUMENT with the message kept per thread.
+// How an entry point may overlap a call in progress on the same context.
+enum class Access {
+  kExclusive,  // refused while another call runs
+  kRead,       // from another thread: waits for the running call, and calls wait for it (stats, trace)
+  kAny,        // touches only what is set at create or atomic (sizes, abort)
+};
+
+// Makes `call` the context's call in progress, waiting where Access allows; otherwise returns why it
+// is refused (naming the call in progress) and changes nothing.
+std::string enter_call(gtp_context& ctx, const char* call, Access access);
+void leave_call(gtp_context& ctx);
+
+// Leaves the call at the end of the scope.
+class CallScope {
+ public:
+  explicit CallScope(gtp_context& ctx) : ctx_(ctx) {}
+  ~CallScope() { leave_call(ctx_); }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  gtp_context& ctx_;
+};
+
+// A context's entry point: a null ctx is INVALID_ARGUMENT with the message kept per thread; a call
+// while another holds the context is INVALID_STATE naming that call, or waits for it (Access::kRead).
 template <typename Body>
 gtp_status_t on_context(gtp_context_t* ctx, const char* call, Body&& body,
-                        InvalidArgumentIs invalid = InvalidArgumentIs::kArgument) {
+                        InvalidArgumentIs invalid = InvalidArgumentIs::kArgument, Access access = Access::kExclusive) {
   if (ctx == nullptr) {
     return guarded(nullptr, call, [] { throw std::invalid_argument("ctx is NULL; pass a context from gtp_context_create"); });
   }
+  if (access == Access::kAny) return guarded(ctx, call, body, invalid);
+  const std::string refusal = enter_call(*ctx, call, access);
+  if (!refusal.empty()) return guarded(ctx, call, [&] { throw StateError(refusal); });
+  CallScope scope(*ctx);
   return guarded(ctx, call, body, invalid);
 }
 

@@ -1,6 +1,7 @@
 """Finds libgtp.so and declares the C ABI of gtp.h for ctypes. Framework-free (ctypes only)."""
 import ctypes
 import os
+import traceback
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
 VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 0
@@ -18,12 +19,13 @@ ERROR_INTERNAL = 7
 
 # prefetch_depth / memory_budget_bytes: each group's own profile setting (its default without a profile)
 FROM_PROFILE = -1
+MAX_DEPTH = 64  # remat::kMaxDepth
 
 # gtp_bootstrap_kind_t, gtp_backend_t, gtp_dtype_t, gtp_wire_t, gtp_group_t, gtp_phase_t, gtp_layout_t
 BOOTSTRAP_CALLBACKS, BOOTSTRAP_UCX_FROM_ENV = 0, 1
 BACKEND_HOST, BACKEND_CUDA = 0, 1
 DTYPE_BF16, DTYPE_FP32 = 0, 1
-WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = 0, 1, 2, 3
+WIRE_FROM_GROUP, WIRE_BF16, WIRE_FP8, WIRE_MXFP8, WIRE_NVFP4 = -1, 0, 1, 2, 3
 # gtp_mx_rounding_t
 MX_ROUNDING_RCEIL, MX_ROUNDING_FLOOR = 0, 1
 SCALE_LAYOUT_ROW_MAJOR, SCALE_LAYOUT_BLOCKED_128X4 = 0, 1  # gtp_scale_layout_t, since 0.5
@@ -47,11 +49,32 @@ class gtp_weight_t(ctypes.Structure):
     _fields_ = [("id", ctypes.c_int64), ("generation", ctypes.c_uint64)]
 
 
-ALLGATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                ctypes.c_size_t, ctypes.c_int64)
-BROADCAST_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
-                                ctypes.c_int32, ctypes.c_int64)
-BARRIER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64)
+def _error_on_exception(prototype, result):
+    """The ctypes callback type `prototype` whose Python function returns `result` to C when it raises:
+    plain ctypes prints the exception and returns 0, which the bootstrap vtable reads as success."""
+    class Guarded(prototype):
+        _argtypes_, _restype_, _flags_ = prototype._argtypes_, prototype._restype_, prototype._flags_
+
+        def __new__(cls, fn):
+            def call(*args):
+                try:
+                    return fn(*args)
+                except BaseException:  # noqa: BLE001 - nothing may unwind through C
+                    traceback.print_exc()
+                    return result
+            return super().__new__(cls, call)
+
+        def __init__(self, fn):  # the function was bound in __new__
+            pass
+
+    return Guarded
+
+
+ALLGATHER_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                                    ctypes.c_size_t, ctypes.c_int64), BOOTSTRAP_ERROR)
+BROADCAST_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                    ctypes.c_int32, ctypes.c_int64), BOOTSTRAP_ERROR)
+BARRIER_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64), BOOTSTRAP_ERROR)
 # Returns const char*: declared c_void_p so the callee keeps ownership of a buffer we keep alive.
 LAST_ERROR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 GRAD_READY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, gtp_weight_t)

@@ -2,11 +2,14 @@
 import ctypes
 import itertools
 import json
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import _lib
+from ._checks import INT32_MAX, INT64_MAX, UINT64_MAX, c_string, integer as _integer, profile_wires, read_profile
 from .bootstrap import KVBootstrap
 from .errors import check
 
@@ -191,7 +194,8 @@ class Context:
         self.grad_ready = grad_ready
         config = _lib.gtp_context_config_t()
         config.struct_size = ctypes.sizeof(_lib.gtp_context_config_t)
-        config.header_version = _lib.HEADER_VERSION if header_version is None else header_version
+        config.header_version = (_lib.HEADER_VERSION if header_version is None
+                                 else _integer(header_version, "header_version", 0, 2**32 - 1))
         number = next(_context_numbers)
         self._bootstrap = None
         if store is None:
@@ -199,18 +203,28 @@ class Context:
         else:
             if rank is None or world_size is None:
                 raise ValueError("a store needs rank= and world_size= (this process's place among the ranks)")
+            _integer(world_size, "world_size", 1, INT32_MAX)
+            _integer(rank, "rank", 0, world_size - 1)
             self._bootstrap = KVBootstrap(store, rank, world_size, prefix=f"gtp/context{number}")
             config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
             config.callbacks = ctypes.pointer(self._bootstrap.vtable)
-        config.timeout_ms = int(timeout_s * 1000)
+        # Any finite number of seconds from 1 ms on; "very long" is not "no timeout".
+        finite = isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s)
+        if not (finite and 0.001 <= timeout_s <= INT64_MAX / 1000):
+            raise ValueError(f"timeout_s={timeout_s!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
+        config.timeout_ms = min(int(timeout_s * 1000), INT64_MAX)
         config.backend = _choice(BACKENDS, backend, "backend")
-        self._profile = [None if p is None else str(p).encode() for p in (profile_json, profile_path)]
+        self._profile = [None if p is None else c_string(p, what)
+                         for p, what in ((profile_json, "profile_json"), (profile_path, "profile_path"))]
+        profile_text = str(profile_json) if profile_json is not None else read_profile(profile_path)
         config.profile_json, config.profile_path = self._profile
-        config.prefetch_depth = _lib.FROM_PROFILE if prefetch_depth is None else prefetch_depth
-        config.memory_budget_bytes = _lib.FROM_PROFILE if memory_budget_bytes is None else memory_budget_bytes
+        config.prefetch_depth = (_lib.FROM_PROFILE if prefetch_depth is None
+                                 else _integer(prefetch_depth, "prefetch_depth", 0, _lib.MAX_DEPTH))
+        config.memory_budget_bytes = (_lib.FROM_PROFILE if memory_budget_bytes is None
+                                      else _integer(memory_budget_bytes, "memory_budget_bytes", 0, INT64_MAX))
         config.accumulate_microbatches = 1 if accumulate_microbatches else 0
         self.accumulate_microbatches = bool(accumulate_microbatches)
-        config.trace_spans = trace_spans
+        config.trace_spans = _integer(trace_spans, "trace_spans", 0, UINT64_MAX)  # libgtp names its own limit
         # On the host backend always installed (kept alive here): it dispatches to self.grad_ready, which
         # may change later. On CUDA libgtp runs it on the driver's host-function thread, where entering
         # Python could deadlock on the GIL against a thread waiting for that stream: not installed.
@@ -226,6 +240,12 @@ class Context:
         check(self._lib.gtp_context_create(ctypes.byref(config), ctypes.byref(handle)), None)
         self._handle = handle
         self.sizes = self._sizes()
+        self._group_wires = profile_wires(profile_text)
+
+    def group_wire(self, group="gtp_remat"):
+        """The wire name of `group`'s profile settings ("bf16" without them): what wire="from_group" uses."""
+        _choice(GROUPS, group, "group")
+        return self._group_wires[group][0]
 
     # -- lifetime --
     def close(self):
@@ -299,16 +319,21 @@ class Context:
                          "view of the grid (etp, ep, expt_gtp_remat); compute it and use gtp.shard_geometry")
 
     def geometry(self, rows, cols, wire="bf16", group="gtp_remat"):
+        """wire=None or "from_group": the group's profile wire."""
+        if wire is None or wire == "from_group":
+            wire = self.group_wire(group)
         return shard_geometry(rows, cols, self.group_size(group), self.group_rank(group), wire)
 
     def _json(self, name):
         length = ctypes.c_size_t()
-        status = getattr(self._lib, name)(self._ctx(), None, 0, ctypes.byref(length))
-        if status != _lib.ERROR_INVALID_ARGUMENT:  # sizing call: INVALID_ARGUMENT with *len set is expected
-            check(status, self._handle)
-        buf = ctypes.create_string_buffer(length.value + 1)
-        self._call(name, buf, len(buf), ctypes.byref(length))
-        return json.loads(buf.value.decode())
+        buf = ctypes.create_string_buffer(1)
+        while True:  # a short buffer gives the length; the text may grow before the next try (a monitor thread)
+            status = getattr(self._lib, name)(self._ctx(), buf, len(buf), ctypes.byref(length))
+            if status == _lib.SUCCESS:
+                return json.loads(buf.value.decode())
+            if status != _lib.ERROR_INVALID_ARGUMENT or length.value < len(buf):
+                check(status, self._handle)
+            buf = ctypes.create_string_buffer(length.value + 1 + length.value // 4)
 
     def stats(self):
         """The runtime's stats (counters, cache, grads, memory, per weight) as a dict."""
@@ -324,6 +349,8 @@ class Context:
         """Registers this rank's shard of a rows x cols weight.
 
         nvfp4_2d: NVFP4 16x16 scale blocks (their GEMM layout has the exact transpose); wire="nvfp4" only.
+        wire: "bf16", "fp8", "mxfp8", "nvfp4", or None / "from_group" for the group's profile settings
+        (GTP_WIRE_FROM_GROUP: its wire_format, nvfp4_blocks and mx_rounding; bf16 without a profile).
         mx_rounding: the MXFP8 E8M0 scale rule, "rceil" (TransformerEngine) or "floor" (OCP MX v1.0);
         ignored by the other wires. Experts must match their leader in both.
         gemm_scales: how the GEMM layout stores MXFP8 / NVFP4 block scales, "row_major" or "blocked_128x4"
@@ -333,6 +360,16 @@ class Context:
         C-contiguous, shape (valid_rows, cols) as `geometry()` gives; or integer addresses with `dtype`
         given (the caller keeps that memory alive). main_grad=None: no gradient for this weight.
         """
+        _choice(GROUPS, group, "group")
+        rows = _integer(rows, "rows", -INT64_MAX - 1, INT64_MAX)  # int64_t; shard_geometry wants them positive
+        cols = _integer(cols, "cols", -INT64_MAX - 1, INT64_MAX)
+        wire_code = None
+        if wire is None or wire == "from_group":
+            # libgtp resolves it; the same settings here give the geometry and the Weight's fields.
+            wire, group_2d, group_rounding = self._group_wires[group]
+            nvfp4_2d = bool(nvfp4_2d) or group_2d
+            mx_rounding = "floor" if "floor" in (mx_rounding, group_rounding) else mx_rounding
+            wire_code = _lib.WIRE_FROM_GROUP
         geometry = self.geometry(rows, cols, wire, group)
         keep = []
         if isinstance(shard, np.ndarray):
@@ -348,7 +385,7 @@ class Context:
         else:
             if dtype is None:
                 raise ValueError("dtype= ('bf16' or 'fp32') is needed when shard is an address")
-            shard_ptr = shard
+            shard_ptr = None if shard is None else _integer(shard, "shard", 0, UINT64_MAX)
         if isinstance(main_grad, np.ndarray):
             if main_grad.dtype != np.float32:
                 raise ValueError(f"main_grad dtype {main_grad.dtype} is not float32")
@@ -356,16 +393,16 @@ class Context:
             keep.append(main_grad)
             grad_ptr = main_grad.ctypes.data if geometry.valid_rows > 0 else None
         else:
-            grad_ptr = main_grad
+            grad_ptr = None if main_grad is None else _integer(main_grad, "main_grad", 0, UINT64_MAX)
         desc = _lib.gtp_weight_desc_t()
         desc.struct_size = ctypes.sizeof(_lib.gtp_weight_desc_t)
-        encoded = name.encode()
+        encoded = c_string(name, "name")
         keep.append(encoded)
         desc.name = encoded
         desc.shard = shard_ptr
         desc.dtype = _choice(DTYPES, dtype, "dtype")
         desc.rows, desc.cols = rows, cols
-        desc.wire = _choice(WIRES, wire, "wire")
+        desc.wire = _choice(WIRES, wire, "wire") if wire_code is None else wire_code
         desc.group = _choice(GROUPS, group, "group")
         desc.main_grad = grad_ptr
         desc.nvfp4_2d = 1 if nvfp4_2d else 0
@@ -415,7 +452,8 @@ class Context:
         capacity = sum(1 + len(w.experts) for w in weights)
         ptrs = (ctypes.c_void_p * capacity)()
         count = ctypes.c_size_t()
-        self._call("gtp_materialize", handles, n, _choice(PHASES, phase, "phase"), model_chunk, _lib.LAYOUT_BF16, ptrs,
+        self._call("gtp_materialize", handles, n, _choice(PHASES, phase, "phase"),
+                   _integer(model_chunk, "model_chunk", 0, INT32_MAX), _lib.LAYOUT_BF16, ptrs,
                    capacity, ctypes.byref(count), _stream(stream))
         return [ptrs[i] for i in range(count.value)]
 
@@ -442,7 +480,8 @@ class Context:
         for entry in out:
             entry.struct_size = ctypes.sizeof(_lib.gtp_materialized_t)
         count = ctypes.c_size_t()
-        self._call("gtp_materialize_views", handles, n, _choice(PHASES, phase, "phase"), model_chunk, code, out,
+        self._call("gtp_materialize_views", handles, n, _choice(PHASES, phase, "phase"),
+                   _integer(model_chunk, "model_chunk", 0, INT32_MAX), code, out,
                    capacity, ctypes.byref(count), _stream(stream))
         members = [m for w in weights for m in [w] + list(w.experts)]
         return [self._materialized(members[i], out[i]) for i in range(count.value)]

@@ -1,0 +1,52 @@
+"""Checks of values the package hands to libgtp: integer ranges ctypes would silently truncate, and the
+profile's group wires (what wire="from_group" resolves to)."""
+import json
+import numbers
+import os
+import stat
+
+INT32_MAX, INT64_MAX, UINT64_MAX = 2**31 - 1, 2**63 - 1, 2**64 - 1
+# Profile group names by Context group name (docs/profiles.md uses Megatron's).
+_PROFILE_GROUPS = {"gtp_remat": "gtp_remat", "expert_gtp_remat": "expt_gtp_remat"}
+
+
+def integer(value, what, low, high):
+    """`value` as an int in [low, high], checked before ctypes would silently truncate it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what}={value!r} is not an integer")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{what}={value} is outside [{low}, {high}]")
+    return int(value)
+
+
+def c_string(value, what):
+    """`value` encoded for a C string parameter: a NUL inside would silently cut what C reads."""
+    encoded = str(value).encode()
+    nul = encoded.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"{what} has a NUL byte at offset {nul}: C would read only what precedes it; remove it")
+    return encoded
+
+
+def read_profile(path):
+    """A profile file's text, read before create; None when create will refuse it (missing, not a
+    regular file: a FIFO would block here, over 64 MiB), which then says why."""
+    try:
+        if path is None or not stat.S_ISREG(os.stat(path).st_mode) or os.stat(path).st_size > 64 << 20:
+            return None
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def profile_wires(profile_text):
+    """(wire, nvfp4_2d, mx_rounding) of each group's profile settings: what wire="from_group" takes.
+    Parsed after create, which validated the profile."""
+    groups = {} if profile_text is None else json.loads(profile_text).get("groups", {})
+    wires = {}
+    for name, profile_name in _PROFILE_GROUPS.items():
+        settings = groups.get(profile_name, {})
+        wires[name] = (settings.get("wire_format", "bf16"), settings.get("nvfp4_blocks") == "2d",
+                       settings.get("mx_rounding", "rceil"))
+    return wires

@@ -100,6 +100,14 @@ def run_config(te, args, mode, microbatches, keep, store_dir):
     return result
 
 
+def command_line():
+    """The command as run, with the results folder written as $OUT (the device's scratch path is no
+    part of the command a reader repeats)."""
+    line = " ".join(sys.argv)
+    out = os.environ.get("OUT")
+    return line.replace(out, "$OUT") if out else line
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -131,7 +139,7 @@ def main():
                           f"exposed {r['exposed_gathers']}", flush=True)
                     results.append(r)
     doc = {"benchmark": "te_stack_bench", "machine": torch.cuda.get_device_name(), "commit": args.commit,
-           "command": " ".join(sys.argv), "torch": torch.__version__, "transformer_engine": importlib.metadata.version("transformer_engine"),
+           "command": command_line(), "torch": torch.__version__, "transformer_engine": importlib.metadata.version("transformer_engine"),
            "layers": args.layers, "hidden": args.hidden, "tokens_per_microbatch": args.tokens, "depth": args.depth,
            "steps": args.steps, "warmup": args.warmup, "configs": results}
     with open(args.json, "w") as f:

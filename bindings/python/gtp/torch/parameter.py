@@ -100,17 +100,17 @@ class ShardedParameter(torch.nn.Parameter):
         if quantized == te_quantized.FP8_CURRENT:
             views = context.materialize_views([self.gtp_weight], phase, layout="gemm", stream=stream)
             context.open_use(self, "gemm", stream)
-            tensors = [te_quantized.to_te(view, member, quantized)
-                       for view, member in zip(views, self.group_members)]
+            tensors = [te_quantized.float8_tensor(view, member) for view, member in zip(views, self.group_members)]
         else:
             ptrs = context.materialize([self.gtp_weight], phase, stream=stream)
             context.open_use(self, "bf16", stream)
             rows, cols = self.full_shape
             tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
-        for tensor, member in zip(tensors, self.group_members):
-            tensor.requires_grad_(member.requires_grad)  # TE reads requires_wgrad from what it receives
-        if quantized == te_quantized.QUANTIZE_BF16:
-            tensors = [te_quantized.quantize_bf16(t, m) for t, m in zip(tensors, self.group_members)]
+            if quantized == te_quantized.QUANTIZE_BF16:
+                tensors = [te_quantized.quantize_bf16(t, m) for t, m in zip(tensors, self.group_members)]
+            else:
+                for tensor, member in zip(tensors, self.group_members):
+                    tensor.requires_grad_(member.requires_grad)  # TE reads requires_wgrad from what it receives
         return tensors[0] if len(tensors) == 1 else tensors
 
     def materialize_group_for_forward(self):

@@ -104,16 +104,15 @@ def quantize_bf16(tensor, member):
     return out
 
 
-def to_te(view, member, layout):
-    """The TE tensor over one gathered weight's GEMM-layout sections (gtp.Materialized with `.tensor`s)."""
-    if layout != FP8_CURRENT:
-        raise ValueError(f"unknown TE layout {layout!r}")
+def float8_tensor(view, member):
+    """TE's Float8Tensor over one gathered FP8 weight's GEMM-layout sections (a gtp.Materialized whose
+    sections carry `.tensor`), requires_grad as `member`'s."""
     import transformer_engine_torch as tex
     from transformer_engine.pytorch.tensor.float8_tensor import Float8CurrentScalingQuantizer, Float8Tensor
     rows, cols = view.rows, view.cols
     data = view.data.tensor[:rows]                # E4M3 codes [rows, cols]
     data_t = view.data_t.tensor[:, :rows]         # their exact transpose [cols, rows]
-    scale_inv = view.decode_scales.tensor.view(torch.float32).reshape(-1)[:1]  # 1 / scale, every chunk's equal
+    scale_inv = view.decode_scales.tensor.reshape(-1)[:1]  # 1 / scale, every chunk's equal
     quantizer = Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, data.device, rowwise=True, columnwise=True)
     return Float8Tensor(shape=(rows, cols), dtype=torch.bfloat16, data=data, fp8_scale_inv=scale_inv,
                         fp8_dtype=tex.DType.kFloat8E4M3, data_transpose=data_t, quantizer=quantizer,

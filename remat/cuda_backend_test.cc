@@ -492,6 +492,40 @@ TEST(CudaBackend, BatchedPrefetchesMatchTheCpuReference) {
   }
 }
 
+// The main-grad add (16-byte path with a scalar tail, scalar path off a 16-byte boundary) equals the
+// FP32 sum computed on the host, bit for bit, for fresh random values and counts around the vector width.
+TEST(CudaBackend, MainGradAddEqualsTheHostSumForEveryCountAndAlignment) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> value(0.0f, 3.0f);
+  for (const std::int64_t count : {1, 3, 4, 5, 7, 8, 1023, 1025, 300001}) {
+    for (const int offset : {0, 1, 3}) {  // floats from a 256-byte-aligned allocation
+      SCOPED_TRACE("count " + std::to_string(count) + ", offset " + std::to_string(offset));
+      std::vector<float> src(static_cast<std::size_t>(count + offset)), dst(src.size());
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        src[i] = value(rng);
+        dst[i] = value(rng);
+      }
+      float* d_src = nullptr;
+      float* d_dst = nullptr;
+      ASSERT_EQ(cudaMalloc(&d_src, src.size() * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMalloc(&d_dst, dst.size() * sizeof(float)), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_src, src.data(), src.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(d_dst, dst.data(), dst.size() * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+      add_fp32_cuda(d_src + offset, d_dst + offset, count, nullptr);
+      std::vector<float> got(dst.size());
+      ASSERT_EQ(cudaMemcpy(got.data(), d_dst, got.size() * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+      cudaFree(d_src);
+      cudaFree(d_dst);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        const float want = i < static_cast<std::size_t>(offset) ? dst[i] : dst[i] + src[i];
+        ASSERT_EQ(std::memcmp(&got[i], &want, sizeof(float)), 0) << "value " << i << ": " << got[i] << " != " << want;
+      }
+    }
+  }
+}
+
 TEST(CudaBackend, StreamPrioritiesOutsideTheDeviceRangeAreRefused) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;

@@ -161,10 +161,11 @@ constexpr int64_t kMaxFillGraphs = 1 << 16;
 
 GroupSettings parse_group(const json& value, const std::string& path) {
   JsonReader r(value, path);
-  r.allow_only({"stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
+  r.allow_only({"stream_priority", "reduce_scatter_stream_priority", "nccl", "wire_format", "nvfp4_blocks", "mx_rounding", "prefetch_depth",
                 "prefetch_batch", "keep_gathered", "fill_graphs", "grads_into_main_grad", "memory_budget"});
   GroupSettings s;
   s.stream_priority = r.choice("stream_priority", "normal", {"high", "normal", "low"});
+  s.reduce_scatter_stream_priority = r.choice("reduce_scatter_stream_priority", "low", {"high", "normal", "low"});
   const std::string wire = r.choice("wire_format", "bf16", {"bf16", "fp8", "mxfp8", "nvfp4"});
   s.wire_format = parse_wire_format(wire);
   // Variants of one wire: setting one for another wire would silently do nothing, so it is an error.

@@ -27,7 +27,9 @@ struct NcclSettings {
 };
 
 struct GroupSettings {
-  std::string stream_priority = "normal";  // "high", "normal", "low"
+  std::string stream_priority = "normal";  // "high", "normal", "low": the gather stream
+  // The reduce-scatter stream (reduce-scatters and main-grad adds, which only the drain waits for).
+  std::string reduce_scatter_stream_priority = "low";
   NcclSettings nccl;
   WireFormat wire_format = WireFormat::kBf16;
   bool nvfp4_2d = false;                    // nvfp4 wire: 16x16 scale blocks ("nvfp4_blocks": "2d")

@@ -54,6 +54,7 @@ TEST(Profile, ExampleProfilesAreValidAndPlanCleanly) {
   EXPECT_EQ(dgx.group("gtp_remat").memory_budget_bytes, 8LL << 30);
   EXPECT_EQ(dgx.group("gtp_remat").nccl.max_ctas, 16);
   EXPECT_EQ(dgx.group("cp").stream_priority, "normal");  // not mentioned: defaults
+  EXPECT_EQ(dgx.group("gtp_remat").reduce_scatter_stream_priority, "low");
   const Plan dgx_plan = make_plan(dgx.cluster, dgx.sizes, dgx.on_violation);
   EXPECT_TRUE(dgx_plan.ok());
   EXPECT_DOUBLE_EQ(dgx_plan.group("tp_gtp_remat").min_gbytes_per_s, 450);
@@ -96,6 +97,13 @@ TEST(Profile, UnknownKeysSuggestTheClosest) {
                                "'prefetch_depth'?"),
             std::string::npos);
   doc = base_profile();
+  doc["groups"]["gtp_remat"]["reduce_scatter_stream_priority"] = "lowest";
+  EXPECT_NE(error_of(doc).find("/groups/gtp_remat/reduce_scatter_stream_priority: 'lowest' is not allowed"),
+            std::string::npos)
+      << error_of(doc);
+  doc["groups"]["gtp_remat"]["reduce_scatter_stream_priority"] = "high";
+  EXPECT_EQ(parse_profile(doc, "").group("gtp_remat").reduce_scatter_stream_priority, "high");
+  doc["groups"]["gtp_remat"].erase("reduce_scatter_stream_priority");
   doc["groups"]["gtp_remat"]["stream_priority"] = "highest";
   EXPECT_NE(error_of(doc).find("/groups/gtp_remat/stream_priority: 'highest' is not allowed: did you mean 'high'?"),
             std::string::npos);

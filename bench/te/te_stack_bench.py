@@ -23,12 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gtp.torch as gt  # noqa: E402
 
 
-def profile(keep):
+def profile(keep, stream_priority="high"):
     return json.dumps({"schema_version": 1,
                        "cluster": {"template": {"host_count": 1, "host": {
                            "numa_nodes": [{"os_index": 0, "cpuset": "0xff"}], "gpus": [{"index": 0, "numa_node": 0}]}}},
                        "parallel": {"world_size": 1}, "placement": {"on_violation": "warn"},
-                       "groups": {"gtp_remat": {"keep_gathered": keep, "stream_priority": "high"}}})
+                       "groups": {"gtp_remat": {"keep_gathered": keep, "stream_priority": stream_priority}}})
 
 
 def build(te, layers, hidden):

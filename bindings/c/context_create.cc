@@ -166,7 +166,8 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 // same ranks in the same order (the reduce-scatter communicator, same settings, so that gathers and
 // reduce-scatters of a group can run at once; it costs a second set of NCCL buffers per group, see
 // docs/remat.md), and one CudaBackend over them whose side streams (gather
-// and reduce-scatter per group) run at their own profile group's stream_priority. Every rank makes the
+// and reduce-scatter per group) run at their profile group's stream_priority and
+// reduce_scatter_stream_priority. Every rank makes the
 // same splits in the same order: world splits on all ranks, then its group's copy with its group.
 void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
                 const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
@@ -175,8 +176,9 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
   try {
     const gtp::comm::StreamPriorityRange range = gtp::comm::stream_priority_range(device);
     for (std::size_t f = 0; f < families.size(); ++f) {
-      const int priority = stream_priority(profile.group(names[f]).stream_priority, range);
-      priorities.push_back({priority, priority});
+      const gtp::topology::GroupSettings settings = profile.group(names[f]);
+      priorities.push_back({stream_priority(settings.stream_priority, range),
+                            stream_priority(settings.reduce_scatter_stream_priority, range)});
     }
   } catch (const std::runtime_error& e) {  // the comm layer reports CUDA failures as comm::CommError
     throw StatusError(GTP_ERROR_CUDA, "reading the stream priorities of device " + std::to_string(device) + ": " + e.what());

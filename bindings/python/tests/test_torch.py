@@ -407,3 +407,20 @@ def test_gtp_loaded_before_torch_leaves_torch_importable():
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_view_at_gives_one_tensor_per_memory_shape_dtype_and_requires_grad(tmp_path):
+    """Context.view_at wraps a pointer once: the same memory, shape, dtype and requires_grad give the same
+    tensor object (what makes a warm materialize cheap), which aliases the memory; any of them differing
+    gives another tensor, so a tensor handed out with requires_grad never changes under its holder."""
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+        memory = torch.randn(64, dtype=torch.float32)
+        a = ctx.view_at(memory.data_ptr(), (8, 8), torch.float32)
+        assert ctx.view_at(memory.data_ptr(), (8, 8), torch.float32) is a
+        assert torch.equal(a.flatten(), memory)
+        memory[5] = 7.0
+        assert a[0, 5].item() == 7.0  # a view, not a copy
+        trained = ctx.view_at(memory.data_ptr(), (8, 8), torch.float32, requires_grad=True)
+        assert trained is not a and trained.requires_grad and not a.requires_grad
+        assert ctx.view_at(memory.data_ptr(), (4, 16), torch.float32) is not a
+        assert ctx.view_at(memory.data_ptr() + 32, (8, 8), torch.float32)[0, 0].item() == memory[8].item()

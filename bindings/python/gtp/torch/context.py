@@ -34,6 +34,7 @@ class _CudaArray:
 
 # __cuda_array_interface__ typestr per dtype; it has no bfloat16, so BF16 is wrapped as int16 and reinterpreted.
 _TYPESTRS = {torch.bfloat16: "<i2", torch.float32: "<f4", torch.uint8: "|u1"}
+_MAX_VIEWS = 4096
 # Section element types (gtp.Section.dtype) as tensors: codes and scales are raw bytes, as TE keeps them.
 SECTION_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.uint8, "e2m1": torch.uint8, "e8m0": torch.uint8,
                   "fp32": torch.float32}
@@ -86,6 +87,24 @@ class Context(core.Context):
         self._drains = 0
         self.parameters = []        # every ShardedParameter registered on this context
         self._open_uses = []        # (leader, layout, stream) of protocol materializations not yet ended
+        self._views = {}            # view_at's tensors by (address, shape, dtype, requires_grad)
+
+    def view_at(self, address, shape, dtype, requires_grad=False):
+        """tensor_at on this context's device, the same tensor object for the same memory, shape, dtype
+        and requires_grad: libgtp hands out the same slots every step once warm, and wrapping a pointer
+        (torch.as_tensor over __cuda_array_interface__) costs tens of microseconds per call, several
+        per materialize. A cached tensor only views memory; it never keeps any alive. requires_grad is
+        part of the key so that a tensor TE kept from one weight never changes under it."""
+        key = (address, tuple(shape), dtype, requires_grad)
+        tensor = self._views.get(key)
+        if tensor is None:
+            if len(self._views) >= _MAX_VIEWS:  # addresses only repeat once warm; never grow without bound
+                self._views.clear()
+            tensor = tensor_at(address, shape, dtype, self.device)
+            if requires_grad:
+                tensor.requires_grad_(True)
+            self._views[key] = tensor
+        return tensor
 
     def stream(self):
         """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""
@@ -100,8 +119,8 @@ class Context(core.Context):
         for view in views:
             for section in view.sections().values():
                 _, items, ld_items = section.storage
-                section.tensor = tensor_at(section.address, (section.rows, ld_items), SECTION_DTYPES[section.dtype],
-                                           self.device)[:, :items]
+                section.tensor = self.view_at(section.address, (section.rows, ld_items),
+                                              SECTION_DTYPES[section.dtype])[:, :items]
         return views
 
     def release(self, weights, stream=None, layout=None):

@@ -5,7 +5,6 @@ finalize_group_grads, grad_buffer) over libgtp, exactly as TE 2.20's layers call
 import torch
 
 from . import te_quantized
-from .context import tensor_at
 
 _DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -105,12 +104,12 @@ class ShardedParameter(torch.nn.Parameter):
             ptrs = context.materialize([self.gtp_weight], phase, stream=stream)
             context.open_use(self, "bf16", stream)
             rows, cols = self.full_shape
-            tensors = [tensor_at(p, (rows, cols), torch.bfloat16, context.device) for p in ptrs]
             if quantized == te_quantized.QUANTIZE_BF16:
-                tensors = [te_quantized.quantize_bf16(t, m) for t, m in zip(tensors, self.group_members)]
-            else:
-                for tensor, member in zip(tensors, self.group_members):
-                    tensor.requires_grad_(member.requires_grad)  # TE reads requires_wgrad from what it receives
+                tensors = [te_quantized.quantize_bf16(context.view_at(p, (rows, cols), torch.bfloat16), m)
+                           for p, m in zip(ptrs, self.group_members)]
+            else:  # requires_grad as the parameter's: TE reads requires_wgrad from what it receives
+                tensors = [context.view_at(p, (rows, cols), torch.bfloat16, m.requires_grad)
+                           for p, m in zip(ptrs, self.group_members)]
         return tensors[0] if len(tensors) == 1 else tensors
 
     def materialize_group_for_forward(self):
@@ -155,7 +154,7 @@ class ShardedParameter(torch.nn.Parameter):
         context = self.context
         buffer = context.grad_buffer_ex(self.gtp_weight, uninitialized=True, stream=context.stream(),
                                         separate=separate)
-        return tensor_at(buffer.address, self.full_shape, torch.float32, context.device), buffer.overwrite
+        return context.view_at(buffer.address, self.full_shape, torch.float32), buffer.overwrite
 
     def finalize_group_grads(self, wgrads=None, last_microbatch=None):
         """Reduce-scatters the grad buffer (every member's, for an expert group; mean over G) into the

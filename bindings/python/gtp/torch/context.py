@@ -87,7 +87,7 @@ class Context(core.Context):
         self._drains = 0
         self.parameters = []        # every ShardedParameter registered on this context
         self._open_uses = []        # (leader, layout, stream) of protocol materializations not yet ended
-        self._views = {}            # view_at's tensors by (address, shape, dtype, requires_grad)
+        self._views = {}            # cached_view's objects by the memory they view
 
     def view_at(self, address, shape, dtype, requires_grad=False):
         """tensor_at on this context's device, the same tensor object for the same memory, shape, dtype
@@ -95,16 +95,20 @@ class Context(core.Context):
         (torch.as_tensor over __cuda_array_interface__) costs tens of microseconds per call, several
         per materialize. A cached tensor only views memory; it never keeps any alive. requires_grad is
         part of the key so that a tensor TE kept from one weight never changes under it."""
-        key = (address, tuple(shape), dtype, requires_grad)
-        tensor = self._views.get(key)
-        if tensor is None:
+        def wrap():
+            tensor = tensor_at(address, shape, dtype, self.device)
+            return tensor.requires_grad_(True) if requires_grad else tensor
+        return self.cached_view((address, tuple(shape), dtype, requires_grad), wrap)
+
+    def cached_view(self, key, make):
+        """The object make() built for `key` (a tuple naming libgtp memory and how it is viewed), built
+        once: view_at's tensors, and TE's quantized tensors over a slot's sections."""
+        view = self._views.get(key)
+        if view is None:
             if len(self._views) >= _MAX_VIEWS:  # addresses only repeat once warm; never grow without bound
                 self._views.clear()
-            tensor = tensor_at(address, shape, dtype, self.device)
-            if requires_grad:
-                tensor.requires_grad_(True)
-            self._views[key] = tensor
-        return tensor
+            view = self._views[key] = make()
+        return view
 
     def stream(self):
         """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""

@@ -99,7 +99,12 @@ class ShardedParameter(torch.nn.Parameter):
         if quantized == te_quantized.FP8_CURRENT:
             views = context.materialize_views([self.gtp_weight], phase, layout="gemm", stream=stream)
             context.open_use(self, "gemm", stream)
-            tensors = [te_quantized.float8_tensor(view, member) for view, member in zip(views, self.group_members)]
+            # TE only ever adds usages to a weight's quantized tensor (quantize_weight, update_usage(True)),
+            # so one Float8Tensor per slot serves every materialize of it.
+            tensors = [context.cached_view(("float8", view.data.address, view.data_t.address,
+                                            view.decode_scales.address, view.rows, view.cols, member.requires_grad),
+                                           lambda view=view, member=member: te_quantized.float8_tensor(view, member))
+                       for view, member in zip(views, self.group_members)]
         else:
             ptrs = context.materialize([self.gtp_weight], phase, stream=stream)
             context.open_use(self, "bf16", stream)

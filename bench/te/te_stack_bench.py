@@ -70,7 +70,7 @@ def run_config(te, args, mode, microbatches, keep, store_dir):
           for _ in range(microbatches)]
     plain = build(te, args.layers, args.hidden)
     store = torch.distributed.FileStore(os.path.join(store_dir, f"{mode}{microbatches}{keep}"), 1)
-    ctx = gt.Context(store, 0, 1, backend="cuda", prefetch_depth=args.depth, profile_json=profile(keep))
+    ctx = gt.Context(store, 0, 1, backend="cuda", prefetch_depth=args.depth, profile_json=profile(keep, args.stream_priority))
     sharded = build(te, args.layers, args.hidden)
     gt.te.distribute(sharded, ctx, wire=wire)
     times, peaks = {"off": [], "on": []}, {"off": 0, "on": 0}
@@ -117,6 +117,8 @@ def main():
     parser.add_argument("--keep", default="off,on")
     parser.add_argument("--modes", default="bf16,fp8")
     parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--stream-priority", default="high", choices=["high", "normal", "low"],
+                        help="the gtp_remat group's gather-stream priority (profile stream_priority)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--commit", default="unknown")
@@ -141,6 +143,7 @@ def main():
     doc = {"benchmark": "te_stack_bench", "machine": torch.cuda.get_device_name(), "commit": args.commit,
            "command": command_line(), "torch": torch.__version__, "transformer_engine": importlib.metadata.version("transformer_engine"),
            "layers": args.layers, "hidden": args.hidden, "tokens_per_microbatch": args.tokens, "depth": args.depth,
+           "stream_priority": args.stream_priority,
            "steps": args.steps, "warmup": args.warmup, "configs": results}
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/arguments.h"
+#include "remat/divergence.h"
 
 namespace gtp::remat {
 
@@ -86,6 +87,14 @@ class Backend {
   virtual void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) = 0;
   // Runs `callback` on the host once all work enqueued on `stream` so far has completed.
   virtual void host_callback(Stream stream, std::function<void()> callback) = 0;
+  // Collective over `group`, first in a fill's collective batch (so it lines up across ranks exactly
+  // as the fill's gathers do): gathers every rank's `mine` and hands the G tags, in group-rank order,
+  // to `*check`, which throws DivergenceError when they differ (docs/reliability.md). The host
+  // backend checks at once (in a graph: at each launch, with the tag it was recorded with). The
+  // default checks nothing: a backend without the check (the CUDA backend, for now).
+  using FillTagCheck = std::function<void(const FillTag* tags, int count)>;
+  virtual void check_fill_tags(Stream /*stream*/, int /*group*/, const FillTag& /*mine*/,
+                               const FillTagCheck* /*check*/) {}
 
   // Ordering. side_stream throws std::invalid_argument for an unknown group.
   virtual Stream side_stream(int group, Role role) = 0;

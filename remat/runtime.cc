@@ -77,6 +77,7 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
     // profile serves every backend).
     fill_graphs_.push_back(std::make_unique<FillGraphs>(backend_, backend_.supports_graphs() ? group.fill_graphs : 0));
   }
+  fill_tag_check_ = [this](const FillTag* tags, int count) { check_fill_tags(tags, count); };
   graphs_relocations_.resize(groups_.size());
   group_stats_.resize(groups_.size());
   by_group_.resize(groups_.size());

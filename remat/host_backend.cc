@@ -95,7 +95,7 @@ void HostBackend::check_fill_tags(Stream, int group, const FillTag& mine, const 
   run([=, &c] {
     std::vector<FillTag> tags(static_cast<std::size_t>(c.size()));
     c.all_gather(&mine, tags.data(), sizeof(FillTag));
-    (*check)(tags.data(), c.size());
+    (*check)(group, tags.data(), c.size(), nullptr);
   });
 }
 

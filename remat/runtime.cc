@@ -77,7 +77,9 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
     // profile serves every backend).
     fill_graphs_.push_back(std::make_unique<FillGraphs>(backend_, backend_.supports_graphs() ? group.fill_graphs : 0));
   }
-  fill_tag_check_ = [this](const FillTag* tags, int count) { check_fill_tags(tags, count); };
+  fill_tag_check_ = [this](int group, const FillTag* tags, int count, const char* when) {
+    check_fill_tags(group, tags, count, when != nullptr ? when : fill_why_);
+  };
   graphs_relocations_.resize(groups_.size());
   group_stats_.resize(groups_.size());
   by_group_.resize(groups_.size());

@@ -216,7 +216,7 @@ class Runtime {
   // What this rank gathers in a fill, and the check of every rank's (runtime_agree.cc): throws
   // DivergenceError naming the differing ranks, their weights and `fill_why_`.
   FillTag fill_tag(const Fill* fills, std::size_t n) const;
-  void check_fill_tags(const FillTag* tags, int count) const;
+  void check_fill_tags(int group, const FillTag* tags, int count, const char* when) const;
   void refill(int chain);
   // Per group g, prefetches the next depth_g entries of group g in the recorded step schedule.
   void refill_schedule();
@@ -279,7 +279,6 @@ class Runtime {
   std::vector<kernels::UnpackJob> unpack_jobs_scratch_;
   Backend::FillTagCheck fill_tag_check_;  // calls check_fill_tags; lives as long as the fill graphs
   const char* fill_why_ = "";             // the fill in progress: "exposed" or "prefetch"
-  int fill_group_ = 0;                    // and its group
 };
 
 }  // namespace gtp::remat

@@ -49,7 +49,7 @@ FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
 // Every rank sees the same G tags, so every rank writes the same message: the ranks grouped by the tag
 // they sent, each group described from this rank's registry (a weight is named where a weight with
 // that identity is registered here).
-void Runtime::check_fill_tags(const FillTag* tags, int count) const {
+void Runtime::check_fill_tags(int group, const FillTag* tags, int count, const char* when) const {
   bool same = true;
   for (int r = 1; r < count; ++r) same = same && tags[r] == tags[0];
   if (same) return;
@@ -90,9 +90,10 @@ void Runtime::check_fill_tags(const FillTag* tags, int count) const {
                        "makes the same materialize / release / drain calls with the same settings)"
                      : "the same weights at different shard versions: gtp_weights_shard_updated was not called on "
                        "every rank of the group the same number of times";
-  throw DivergenceError("ranks of group '" + groups_[fill_group_].name + "' diverged at a gather (" + fill_why_ +
-                        ", this is rank " + std::to_string(backend_.group_rank(fill_group_)) + "): " + parts + ". Cause: " +
-                        cause + ". Nothing was unpacked; destroy the context (docs/reliability.md, Ranks that disagree)");
+  throw DivergenceError("ranks of group '" + groups_[group].name + "' diverged at a gather (" + when + ", this is rank " +
+                        std::to_string(backend_.group_rank(group)) + "): " + parts + ". Cause: " + cause +
+                        ". Nothing was unpacked (CUDA: the fill's outputs were set to NaN); destroy the context "
+                        "(docs/reliability.md, Ranks that disagree)");
 }
 
 }  // namespace gtp::remat

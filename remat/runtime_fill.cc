@@ -72,7 +72,6 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
     graphs_relocations_[group] = cache.relocations();
   }
   fill_why_ = why;
-  fill_group_ = group;
   if (!graphs.enabled() || backend_.capturing(stream)) {  // a captured step records the work itself
     enqueue_fill(fills, n, stream);
   } else {

@@ -135,6 +135,51 @@ TEST(Diverge, RanksMaterializingDifferentWeightsFailTogether) {
   }
 }
 
+// Over 3 ranks the message groups the ranks that agree: the odd one out is named on every rank.
+TEST(Diverge, TheOddRankOutIsNamedOnEveryRank) {
+  Messages messages(3);
+  on_ranks(3, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
+    const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16), register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptr = nullptr;
+    EXPECT_EQ(materialize(ctx, ws[rank == 1 ? 1 : 0], &ptr), GTP_ERROR_DIVERGED) << gtp_last_error(ctx);
+    messages.text[rank] = gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  for (int rank = 0; rank < 3; ++rank) {
+    expect_contains(messages.text[rank], {"this is rank " + std::to_string(rank), "ranks 0, 2 gather 'w0'",
+                                          "rank 1 gathers 'w1'"});
+  }
+}
+
+// Rank 1 registers w0 with the MXFP8 wire, rank 0 with BF16 (neither reduces an amax at its shard
+// update, so the ranks' collectives still pair up): their chunks differ in size, and the tag exchange,
+// which comes before the weight's own gather, reports it.
+TEST(Diverge, AWeightRegisteredWithAnotherWireIsNamed) {
+  Messages messages(2);
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> shard(32 * 32, 0x3f80);
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    desc.name = "w0";
+    desc.shard = shard.data();
+    desc.rows = 64;
+    desc.cols = 32;
+    desc.wire = rank == 1 ? GTP_WIRE_MXFP8 : GTP_WIRE_BF16;
+    gtp_weight_t w0{};
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &w0), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, &w0, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptr = nullptr;
+    EXPECT_EQ(materialize(ctx, w0, &ptr), GTP_ERROR_DIVERGED) << gtp_last_error(ctx);
+    messages.text[rank] = gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  expect_contains(messages.text[0], {"rank 0 gathers 'w0' (registration #0", "64 x 32 bf16", "rank 1 gathers 'w0'"});
+  expect_contains(messages.text[1], {"rank 1 gathers 'w0' (registration #0", "64 x 32 mxfp8"});
+}
+
 // Rank 1 skips a shard update (BF16: no collective in it): the same weight at other versions.
 TEST(Diverge, AShardUpdateMissingOnOneRankIsNamed) {
   Messages messages(2);

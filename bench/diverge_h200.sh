@@ -28,4 +28,5 @@ step 240 remat_capi_cuda $bin/c_abi_overhead_bench --benchmark_filter='backend:1
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/remat_overhead_capi_gpu_diverge.json" --benchmark_out_format=json \
   --benchmark_context=commit="${GTP_COMMIT:-unknown}"
-grep -E "_median" "$out/remat_capi_cuda.log" | sed -E 's/ +[0-9]+ ns +[0-9]+ ns +[0-9]+//' | grep -oE "^[^ ]+|us_per_weight=[0-9.]+" | paste - - | head -40
+# name and us_per_weight of each median row
+awk '/_median/ { for (i = 1; i <= NF; i++) if ($i ~ /^us_per_weight=/) print $1, $i }' "$out/remat_capi_cuda.log" | head -40

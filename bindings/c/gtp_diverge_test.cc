@@ -104,7 +104,7 @@ TEST_P(RegisterOrder, IsDetectedAtTheFirstGatherOnEveryRank) {
     EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
   for (const std::string& text : messages.text) {
-    expect_contains(text, {"gtp_materialize: ranks of group 'gtp_remat' diverged at a gather (exposed",
+    expect_contains(text, {"gtp_materialize: ranks of group 'gtp_remat' diverged at a gather (on demand",
                            "rank 0 gathers 'w0' (registration #0 of the group on that rank",
                            "rank 1 gathers 'w0' (registration #1 of the group on that rank",
                            "registered them in a different order", "Nothing was unpacked"});

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/arguments.h"
+#include "remat/divergence.h"
 
 namespace gtp::remat {
 
@@ -86,6 +87,17 @@ class Backend {
   virtual void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) = 0;
   // Runs `callback` on the host once all work enqueued on `stream` so far has completed.
   virtual void host_callback(Stream stream, std::function<void()> callback) = 0;
+  // Collective over `group`, first in a fill's collective batch (so it lines up across ranks exactly
+  // as the fill's gathers do): gathers every rank's `mine` and hands the G tags, in group-rank order,
+  // to `*check`, which throws DivergenceError when they differ (docs/reliability.md). `when` says
+  // where a mismatch was found (null: at the fill, as it was issued). The host backend checks at once
+  // (in a graph: at each launch, with the tag it was recorded with). The CUDA backend checks on the
+  // device after the batch: on a mismatch it overwrites the fill's gathered bytes with 0xFF (every
+  // output then decodes to NaN) and the next call on the runtime calls `*check` (poll_fill_tags).
+  // The default checks nothing.
+  using FillTagCheck = std::function<void(int group, const FillTag* tags, int count, const char* when)>;
+  virtual void check_fill_tags(Stream /*stream*/, int /*group*/, const FillTag& /*mine*/,
+                               const FillTagCheck* /*check*/) {}
 
   // Ordering. side_stream throws std::invalid_argument for an unknown group.
   virtual Stream side_stream(int group, Role role) = 0;
@@ -152,6 +164,7 @@ class Backend {
   class CallScope {
    public:
     explicit CallScope(Backend& backend) : backend_(backend) {
+      if (backend_.call_depth_ == 0) backend_.poll_fill_tags();  // may throw DivergenceError
       if (backend_.call_depth_++ == 0) backend_.begin_call();
     }
     ~CallScope() {
@@ -165,6 +178,8 @@ class Backend {
   };
 
  protected:
+  // A fill tag mismatch the device found since the last poll: calls that check, which throws.
+  virtual void poll_fill_tags() {}
   virtual void begin_collectives() {}
   virtual void end_collectives() {}
   virtual void begin_call() {}

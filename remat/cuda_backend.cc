@@ -1,6 +1,7 @@
 #include "remat/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -102,6 +103,9 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
     side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities[g].gather));
     side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities[g].reduce_scatter));
   }
+  std::vector<int> sizes;
+  for (const auto& [size, rank] : shapes_) sizes.push_back(size);
+  launch("fill tag buffers", [&] { fill_tags_ = std::make_unique<CudaFillTags>(sizes); });
   // NCCL connects a communicator's peers at its first collective; that must not be inside a fill graph
   // or a caller's capture (with the BF16 wire no amax all-reduce comes before the first gather).
   warm_up_collectives();
@@ -179,6 +183,31 @@ void CudaBackend::all_gather(Stream stream, int group, const void* send, void* r
   comm::NcclComm& c = *comms(group).gather;
   enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
            "ncclAllGather");
+  CudaFillTags::Pending& fill = fill_tags_->pending;
+  if (fill.open) fill.regions.push_back({recv, bytes_per_rank * group_size(group)});
+}
+
+void CudaBackend::check_fill_tags(Stream stream, int group, const FillTag& mine, const FillTagCheck* check) {
+  if (!batching_) throw std::logic_error("CudaBackend::check_fill_tags outside a collective batch");
+  CudaFillTags& tags = *fill_tags_;
+  launch("write_fill_tag_cuda", [&] { write_fill_tag_cuda(mine, tags.send(group), on(stream)); });
+  all_gather(stream, group, tags.send(group), tags.recv(group), static_cast<std::int64_t>(sizeof(FillTag)));
+  CudaFillTags::Pending& fill = tags.pending;
+  fill.open = true;
+  fill.stream = on(stream);
+  fill.group = group;
+  fill.mine = mine;
+  fill.regions.clear();
+  fill_tag_check_ = check;
+}
+
+void CudaBackend::poll_fill_tags() {
+  const FillTagVerdict* verdict = fill_tags_->found();
+  if (verdict == nullptr || fill_tag_check_ == nullptr) return;
+  std::atomic_thread_fence(std::memory_order_acquire);  // the fields the device wrote before `found`
+  const std::vector<FillTag> tags(verdict->tags, verdict->tags + verdict->count);
+  (*fill_tag_check_)(verdict->group, tags.data(), verdict->count,
+                     "found on the device after the gather, reported at this rank's next call");
 }
 
 void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
@@ -230,15 +259,25 @@ void CudaBackend::begin_collectives() {
   if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
   batching_ = true;
   batch_comms_.clear();
+  fill_tags_->pending.open = false;
 }
 
 void CudaBackend::end_collectives() {
   batching_ = false;
+  CudaFillTags::Pending& fill = fill_tags_->pending;
+  const bool verify = fill.open;
+  fill.open = false;
   const ncclResult_t result = ncclGroupEnd();
   if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
     for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
   } else if (result != ncclSuccess) {
     throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
+  }
+  if (verify) {  // after the gathers, before anything the runtime enqueues next (the unpacks)
+    launch("verify_fill_tags_cuda", [&] {
+      verify_fill_tags_cuda(fill_tags_->recv(fill.group), group_size(fill.group), fill.mine, fill.group, fill.regions,
+                            fill_tags_->device_verdict(), fill.stream);
+    });
   }
 }
 

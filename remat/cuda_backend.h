@@ -18,6 +18,7 @@
 #include "comm/nccl.h"
 #include "comm/streams.h"
 #include "remat/backend.h"
+#include "remat/fill_tags_cuda.h"
 
 namespace gtp::remat {
 
@@ -86,6 +87,10 @@ class CudaBackend : public Backend {
   // The callback runs on a CUDA host-function thread and must not call CUDA. Captured into a graph,
   // it runs on every replay; the backend keeps it until destruction.
   void host_callback(Stream stream, std::function<void()> callback) override;
+  // Writes the tag (a kernel), gathers it inside the open batch and, once the batch is enqueued, checks
+  // it on the device (fill_tags_cuda.h): on a mismatch the fill's gathered bytes become 0xFF and the
+  // next runtime call throws (poll_fill_tags).
+  void check_fill_tags(Stream stream, int group, const FillTag& mine, const FillTagCheck* check) override;
 
   Stream side_stream(int group, Role role) override;
   Event record(Stream stream) override;
@@ -111,6 +116,7 @@ class CudaBackend : public Backend {
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
   // One ncclGroupStart / ncclGroupEnd around a batch (Backend::CollectiveBatch).
+  void poll_fill_tags() override;
   void begin_collectives() override;
   void end_collectives() override;
   // Within a call, each stream's capture status is read once (capture_id).
@@ -148,6 +154,8 @@ class CudaBackend : public Backend {
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
   std::unordered_map<Graph, cudaGraphExec_t> graphs_;  // begin_graph / end_graph recordings
   Graph next_graph_ = 0;
+  std::unique_ptr<CudaFillTags> fill_tags_;
+  const FillTagCheck* fill_tag_check_ = nullptr;  // the runtime's, from its latest check_fill_tags
 };
 
 // dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).

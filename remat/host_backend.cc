@@ -90,6 +90,15 @@ void HostBackend::fill(Stream, void* dst, unsigned char byte, std::int64_t bytes
 
 void HostBackend::host_callback(Stream, std::function<void()> callback) { run(std::move(callback)); }
 
+void HostBackend::check_fill_tags(Stream, int group, const FillTag& mine, const FillTagCheck* check) {
+  comm::HostComm& c = comm(group);
+  run([=, &c] {
+    std::vector<FillTag> tags(static_cast<std::size_t>(c.size()));
+    c.all_gather(&mine, tags.data(), sizeof(FillTag));
+    (*check)(group, tags.data(), c.size(), nullptr);
+  });
+}
+
 void HostBackend::begin_graph(Stream) {
   if (recording_) throw std::logic_error("HostBackend: graph recordings do not nest");
   recording_ = true;

@@ -41,6 +41,8 @@ class HostBackend : public Backend {
   void add(Stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
   void host_callback(Stream, std::function<void()> callback) override;
+  // One all_gather of the 32-byte tags, then `*check` on them, before the fill's own gathers.
+  void check_fill_tags(Stream, int group, const FillTag& mine, const FillTagCheck* check) override;
 
   // A distinct non-null handle per (group, role), so ordering calls stay distinguishable.
   Stream side_stream(int group, Role role) override;

@@ -29,6 +29,13 @@ bool Registry::contains(WeightId id) const {
   return id >= 0 && id < static_cast<WeightId>(weights_.size()) && live_[id];
 }
 
+WeightId Registry::find_tag(std::uint64_t tag) const {
+  for (std::size_t id = 0; id < weights_.size(); ++id) {
+    if (live_[id] && weights_[id].tag == tag) return static_cast<WeightId>(id);
+  }
+  return kNoWeight;
+}
+
 const Weight& Registry::get(WeightId id) const {
   if (!contains(id)) {
     throw std::invalid_argument("weight id " + std::to_string(id) +
@@ -146,6 +153,17 @@ WeightId Registry::add(const WeightDesc& desc) {
       throw;
     }
   }
+  weight.ordinal = registered_[desc.group]++;
+  weight.tag = Fingerprint()
+                   .add(desc.name)
+                   .add(desc.rows)
+                   .add(desc.cols)
+                   .add(kernels::to_string(desc.wire))
+                   .add(static_cast<std::int64_t>(desc.group))
+                   .add(weight.ordinal)
+                   .add(weight.amax_slot)
+                   .add(desc.expert_leader == kNoWeight ? std::int64_t{-1} : weights_[desc.expert_leader].ordinal)
+                   .value();
   const WeightId id = static_cast<WeightId>(weights_.size());
   weights_.push_back(std::move(weight));
   live_.push_back(true);

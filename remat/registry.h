@@ -68,6 +68,11 @@ struct Weight {
   // registered; -1 for wires that need no tensor amax.
   std::int64_t amax_slot = -1;
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
+  // Its registration in its group on this rank (0, 1, ... counting unregistered weights too), and the
+  // identity every rank of the group must agree on: Fingerprint of name, rows, cols, wire, group,
+  // ordinal, amax slot and leader's ordinal. Gathers check it (FillTag; docs/reliability.md).
+  std::int64_t ordinal = 0;
+  std::uint64_t tag = 0;
 
   // What this rank sends when the weight is gathered (layout.chunk_bytes).
   const void* send() const { return sends_from_shard ? desc.shard : chunk; }
@@ -89,6 +94,8 @@ class Registry {
   // Throws std::invalid_argument for an id that is not registered.
   const Weight& get(WeightId id) const;
   bool contains(WeightId id) const;
+  // The registered weight whose Weight::tag is `tag`, or kNoWeight (messages only: a linear search).
+  WeightId find_tag(std::uint64_t tag) const;
 
   // Leaders expand into themselves followed by their experts; others stay as they are.
   std::vector<WeightId> expand(const WeightId* ids, std::int64_t n) const;
@@ -131,6 +138,7 @@ class Registry {
   std::vector<Weight> weights_;   // indexed by id; removed weights keep their slot with chunk == null
   std::vector<bool> live_;
   std::map<int, AmaxArray> amax_;  // by group
+  std::map<int, std::int64_t> registered_;  // by group: registrations so far (the next ordinal)
   bool pack_on_update_ = false;
 };
 

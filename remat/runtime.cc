@@ -77,6 +77,11 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
     // profile serves every backend).
     fill_graphs_.push_back(std::make_unique<FillGraphs>(backend_, backend_.supports_graphs() ? group.fill_graphs : 0));
   }
+  fill_tag_check_ = [this](int group, const FillTag* tags, int count, const char* when) {
+    // The trace's fill categories, in words.
+    const std::string why = std::string(fill_why_) == "exposed" ? "on demand" : fill_why_;
+    check_fill_tags(group, tags, count, when != nullptr ? when : why.c_str());
+  };
   graphs_relocations_.resize(groups_.size());
   group_stats_.resize(groups_.size());
   by_group_.resize(groups_.size());

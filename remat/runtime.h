@@ -213,6 +213,10 @@ class Runtime {
   // group's budget defers it.
   bool prefetch(int group, const ChainKey& key, int chain, std::int64_t position);
   std::vector<Materialized> outputs(int slot, const ChainKey& key);  // slot of the key's group
+  // What this rank gathers in a fill, and the check of every rank's (runtime_agree.cc): throws
+  // DivergenceError naming the differing ranks, their weights and `fill_why_`.
+  FillTag fill_tag(const Fill* fills, std::size_t n) const;
+  void check_fill_tags(int group, const FillTag* tags, int count, const char* when) const;
   void refill(int chain);
   // Per group g, prefetches the next depth_g entries of group g in the recorded step schedule.
   void refill_schedule();
@@ -273,6 +277,8 @@ class Runtime {
   std::vector<std::pair<kernels::WireSpec, kernels::UnpackJob>> unpacks_scratch_;
   std::vector<kernels::WireSpec> unpack_specs_scratch_;
   std::vector<kernels::UnpackJob> unpack_jobs_scratch_;
+  Backend::FillTagCheck fill_tag_check_;  // calls check_fill_tags; lives as long as the fill graphs
+  const char* fill_why_ = "";             // the fill in progress: "exposed" or "prefetch"
 };
 
 }  // namespace gtp::remat

@@ -71,6 +71,7 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
     graphs.clear();
     graphs_relocations_[group] = cache.relocations();
   }
+  fill_why_ = why;
   if (!graphs.enabled() || backend_.capturing(stream)) {  // a captured step records the work itself
     enqueue_fill(fills, n, stream);
   } else {
@@ -105,6 +106,12 @@ void Runtime::enqueue_fill(const Fill* fills, std::size_t n, Stream stream) {
   // nothing else may sit between them on the stream, because a batch launches at its end.
   {
     Backend::CollectiveBatch batch(backend_);
+    // First in the batch: every rank's list of what it gathers here, checked before any of it can be
+    // unpacked (on one rank there is nothing to compare).
+    const int group = group_of(*fills[0].key);
+    if (backend_.group_size(group) > 1) {
+      backend_.check_fill_tags(stream, group, fill_tag(fills, n), &fill_tag_check_);
+    }
     for (std::size_t f = 0; f < n; ++f) {
       char* next = static_cast<char*>(cache.slot(fills[f].index).ptr);
       for (WeightId id : *fills[f].key) {

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "bindings/c/internal/agree_config.h"
 #include "bindings/c/internal/context.h"
 #include "comm/callback_bootstrap.h"
 #include "comm/errors.h"
@@ -262,6 +263,9 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
                                                       "; give 0 (no trace) .. " + std::to_string(kMaxTraceSpans));
   runtime.trace_spans = config->trace_spans;
 
+  // Before any communicator: ranks that disagree fail here, together, naming the settings.
+  agree_on_settings(*ctx->bootstrap, context_settings(backend, runtime.grads.accumulate_microbatches, profile, runtime,
+                                                      ctx->group_wire));
   const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
   if (backend == GTP_BACKEND_CUDA) {
     build_cuda(*ctx, device, profile, families, timeout);

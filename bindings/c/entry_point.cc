@@ -124,6 +124,7 @@ const char* gtp_status_string(gtp_status_t status) {
     case GTP_ERROR_CUDA: return "GTP_ERROR_CUDA";
     case GTP_ERROR_VERSION: return "GTP_ERROR_VERSION";
     case GTP_ERROR_INTERNAL: return "GTP_ERROR_INTERNAL";
+    case GTP_ERROR_DIVERGED: return "GTP_ERROR_DIVERGED";
   }
   return "unknown gtp_status_t";
 }

@@ -52,6 +52,10 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
   } catch (const nlohmann::json::exception& e) {
     status = GTP_ERROR_INVALID_ARGUMENT;
     message = e.what();
+  } catch (const gtp::remat::DivergenceError& e) {  // every rank of the group raised it: the context is spent
+    status = GTP_ERROR_DIVERGED;
+    message = e.what();
+    if (ctx != nullptr) ctx->aborted = true;
   } catch (const gtp::comm::CommError& e) {
     status = e.timed_out() ? GTP_ERROR_TIMEOUT : GTP_ERROR_SYSTEM;
     message = e.what();

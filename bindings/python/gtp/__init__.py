@@ -6,7 +6,7 @@ from ._lib import HEADER_VERSION, VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH, f
 from .bootstrap import FileStore, KVBootstrap
 from .context import (Context, GradBuffer, Materialized, Section, ShardGeometry, Sizes, Weight, bf16_bits_to_float32, float32_to_bf16_bits, host_array, ring_mean,
                       shard_geometry)
-from .errors import (CudaError, GtpError, InternalError, InvalidArgumentError, InvalidStateError, SystemError,
+from .errors import (CudaError, DivergedError, GtpError, InternalError, InvalidArgumentError, InvalidStateError, SystemError,
                      TimeoutError, VersionError)
 
 __version__ = f"{VERSION_MAJOR}.{VERSION_MINOR}.{VERSION_PATCH}"

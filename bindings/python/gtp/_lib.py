@@ -16,6 +16,7 @@ ERROR_SYSTEM = 4
 ERROR_CUDA = 5
 ERROR_VERSION = 6
 ERROR_INTERNAL = 7
+ERROR_DIVERGED = 8
 
 # prefetch_depth / memory_budget_bytes: each group's own profile setting (its default without a profile)
 FROM_PROFILE = -1

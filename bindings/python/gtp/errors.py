@@ -43,6 +43,11 @@ class InternalError(GtpError, RuntimeError):
     """GTP_ERROR_INTERNAL: a bug in libgtp."""
 
 
+class DivergedError(GtpError, RuntimeError):
+    """GTP_ERROR_DIVERGED: the ranks of a group disagree (configuration, weights, call order); every
+    rank of the group raises it with the same message. Destroy the context."""
+
+
 BY_STATUS = {
     _lib.ERROR_INVALID_ARGUMENT: InvalidArgumentError,
     _lib.ERROR_INVALID_STATE: InvalidStateError,
@@ -51,6 +56,7 @@ BY_STATUS = {
     _lib.ERROR_CUDA: CudaError,
     _lib.ERROR_VERSION: VersionError,
     _lib.ERROR_INTERNAL: InternalError,
+    _lib.ERROR_DIVERGED: DivergedError,
 }
 
 

@@ -34,7 +34,8 @@ typedef enum {
   GTP_ERROR_SYSTEM = 4,           /* the environment failed (transport, memory, a dead peer) */
   GTP_ERROR_CUDA = 5,             /* a CUDA or NCCL failure, or CUDA unavailable */
   GTP_ERROR_VERSION = 6,          /* header and library versions differ */
-  GTP_ERROR_INTERNAL = 7          /* a bug in libgtp */
+  GTP_ERROR_INTERNAL = 7,         /* a bug in libgtp */
+  GTP_ERROR_DIVERGED = 8          /* since 0.7: the ranks of a group disagree (config, weights, call order) */
 } gtp_status_t;
 
 /* A static string naming the status ("GTP_ERROR_TIMEOUT"); "unknown gtp_status_t" otherwise. */

@@ -1,0 +1,99 @@
+// The Runtime's part in "ranks that disagree": the tag of a fill (what this rank gathers in it) and
+// the check of every rank's tag, raised identically on every rank (docs/reliability.md).
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "remat/runtime.h"
+
+namespace gtp::remat {
+namespace {
+
+std::string hex(std::uint64_t value) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (int shift = 60; shift >= 0; shift -= 4) out += digits[(value >> shift) & 0xF];
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+}  // namespace
+
+FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
+  Fingerprint weights, versions;
+  FillTag tag;
+  for (std::size_t f = 0; f < n; ++f) {
+    for (WeightId id : *fills[f].key) {
+      const Weight& w = registry_.get(id);
+      if (tag.count++ == 0) {
+        tag.first = w.tag;
+        tag.first_ordinal = static_cast<std::int32_t>(w.ordinal);
+        tag.first_version = static_cast<std::uint32_t>(w.version);
+        w.desc.name.copy(tag.first_name, sizeof tag.first_name - 1);
+      }
+      weights.add(w.tag);
+      versions.add(w.version);
+    }
+  }
+  tag.weights = weights.value();
+  tag.versions = versions.value();
+  return tag;
+}
+
+// Every rank sees the same G tags, so every rank writes the same message: the ranks grouped by the tag
+// they sent, each group described from this rank's registry (a weight is named where a weight with
+// that identity is registered here).
+void Runtime::check_fill_tags(int group, const FillTag* tags, int count, const char* when) const {
+  bool same = true;
+  for (int r = 1; r < count; ++r) same = same && tags[r] == tags[0];
+  if (same) return;
+  std::vector<int> seen(static_cast<std::size_t>(count), 0);
+  std::string parts;
+  bool weights_differ = false;
+  for (int r = 0; r < count; ++r) {
+    if (seen[r]) continue;
+    std::vector<int> ranks;
+    for (int o = r; o < count; ++o) {
+      if (!seen[o] && tags[o] == tags[r]) {
+        seen[o] = 1;
+        ranks.push_back(o);
+      }
+      weights_differ = weights_differ || tags[o].weights != tags[r].weights || tags[o].count != tags[r].count;
+    }
+    const FillTag& t = tags[r];
+    std::string what;
+    if (t.magic != FillTag::kMagic) {
+      what = "a tag this libgtp cannot read (magic " + hex(t.magic) + ": another libgtp version?)";
+    } else {
+      const std::string name(t.first_name, strnlen(t.first_name, sizeof t.first_name));
+      what = "'" + name + "' (registration #" + std::to_string(t.first_ordinal) + " of the group on that rank, shard version " +
+             std::to_string(t.first_version) + ")";
+      // A weight with the same identity here: its shape and wire (absent: registered differently).
+      const WeightId id = registry_.find_tag(t.first);
+      if (id != kNoWeight) {
+        const Weight& w = registry_.get(id);
+        what += " " + std::to_string(w.desc.rows) + " x " + std::to_string(w.desc.cols) + " " + kernels::to_string(w.desc.wire);
+      }
+      if (t.count > 1) what += " and " + std::to_string(t.count - 1) + " more weight" + (t.count > 2 ? "s" : "");
+    }
+    parts += (parts.empty() ? "" : "; ") + ranks_text(ranks) + (ranks.size() == 1 ? " gathers " : " gather ") + what;
+  }
+  const std::string cause =
+      weights_differ ? "the ranks named different weights at this collective, or registered them in a different "
+                       "order or shape (every rank of a group registers the group's weights in the same order and "
+                       "makes the same materialize / release / drain calls with the same settings)"
+                     : "the same weights at different shard versions: gtp_weights_shard_updated was not called on "
+                       "every rank of the group the same number of times";
+  throw DivergenceError("ranks of group '" + groups_[group].name + "' diverged at a gather (" + when + ", this is rank " +
+                        std::to_string(backend_.group_rank(group)) + "): " + parts + ". Cause: " + cause +
+                        ". Nothing was unpacked (CUDA: the fill's outputs were set to NaN); destroy the context "
+                        "(docs/reliability.md, Ranks that disagree)");
+}
+
+}  // namespace gtp::remat

@@ -135,7 +135,8 @@ class Backend {
       open_ = false;
       backend_.end_collectives();
     }
-    // A batch left open by an exception is closed, its own errors dropped (the first error is thrown).
+    // A batch left open by an exception is cancelled (cancel_collectives): nothing of it is launched,
+    // so a half-filled batch never meets peers' collectives. Its own errors are dropped.
     ~CollectiveBatch();
     CollectiveBatch(const CollectiveBatch&) = delete;
     CollectiveBatch& operator=(const CollectiveBatch&) = delete;
@@ -164,9 +165,19 @@ class Backend {
     Backend& backend_;
   };
 
+  // Failing ranks (docs/reliability.md): aborts every communicator of the backend so that peers
+  // waiting in a collective this rank will not make fail instead of waiting (the host transport sends
+  // them `reason`; NCCL peers see it through their own deadline). Later collectives fail. Never throws.
+  virtual void abort_communicators(const std::string& /*reason*/) noexcept {}
+  // Whether the work before `event` (from record) has finished; the host backend's always has.
+  virtual bool complete(Event /*event*/) { return true; }
+
  protected:
   virtual void begin_collectives() {}
   virtual void end_collectives() {}
+  // Closes an open batch without launching any of its collectives. The default ends it (a backend
+  // whose collectives run at once has nothing left to launch).
+  virtual void cancel_collectives() noexcept;
   virtual void begin_call() {}
   virtual void end_call() {}
   // Blocks the host until every side stream's work is done (warm_up_collectives only).

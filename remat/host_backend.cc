@@ -117,6 +117,10 @@ void HostBackend::launch_graph(Graph graph, Stream) {
 
 void HostBackend::destroy_graph(Graph graph) noexcept { graphs_.erase(graph); }
 
+void HostBackend::abort_communicators(const std::string& reason) noexcept {
+  for (comm::HostComm* c : groups_) c->abort(reason);  // a communicator shared by two groups: once
+}
+
 void* HostBackend::do_allocate(std::int64_t bytes) {
   const std::size_t rounded = static_cast<std::size_t>(kernels::round_up(bytes, kernels::kSectionAlignment));
   void* ptr = std::aligned_alloc(static_cast<std::size_t>(kernels::kSectionAlignment), rounded);

@@ -57,6 +57,9 @@ class HostBackend : public Backend {
   void launch_graph(Graph graph, Stream) override;
   void destroy_graph(Graph graph) noexcept override;
 
+  // HostComm::abort on each group's communicator: every peer throws `reason`.
+  void abort_communicators(const std::string& reason) noexcept override;
+
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,14 @@ namespace gtp::remat {
 
 using Stream = void*;
 using Event = std::uint64_t;
+
+// A bad argument found while work runs or is enqueued (a kernel's pack or unpack check, ranks whose
+// host collectives disagree), as opposed to misuse the runtime refuses before it enqueues anything:
+// the call failed part-way, so peers may be waiting for the rest (docs/reliability.md).
+class WorkError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 // The two side streams of a group.
 enum class Role { kGather = 0, kReduceScatter = 1 };

@@ -14,14 +14,18 @@ void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(error));
 }
 
-// The kernels report launch failures as std::runtime_error with CUDA's message; bad arguments stay
-// std::invalid_argument.
+// The kernels report launch failures as std::runtime_error with CUDA's message; bad arguments become
+// WorkError (still std::invalid_argument): the call fails part-way.
 template <typename Launch>
 void launch(const char* what, Launch&& body) {
   try {
     body();
   } catch (const CudaError&) {
     throw;
+  } catch (const WorkError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    throw WorkError(e.what());
   } catch (const std::runtime_error& e) {
     throw CudaError(std::string(what) + ": " + e.what());
   }

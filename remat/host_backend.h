@@ -72,7 +72,18 @@ class HostBackend : public Backend {
     if (recording_) {
       recorded_.emplace_back(std::forward<Work>(work));
     } else {
+      as_work(work);
+    }
+  }
+  // Runs `work`, reporting its argument checks as WorkError.
+  template <typename Work>
+  static void as_work(Work&& work) {
+    try {
       work();
+    } catch (const WorkError&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw WorkError(e.what());
     }
   }
 

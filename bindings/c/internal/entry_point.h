@@ -130,14 +130,20 @@ void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream);
 // does a communicator's asynchronous error; an aborted context is INVALID_STATE with the reason.
 void check_context(gtp_context& ctx);
 
-// Runs the part of a collective-issuing entry point that reaches the runtime (after the C ABI's own
-// argument checks, which leave the context usable): any failure there fails the context; success
-// marks its collectives for the watchdog.
+// Runs the part of a collective-issuing entry point that reaches the runtime: a failure there fails
+// the context, except misuse refused before anything was enqueued (the C ABI's and the runtime's
+// argument and call-order checks: std::logic_error other than remat::WorkError), which leaves it
+// usable. Success marks its collectives for the watchdog.
 template <typename Body>
 void issuing(gtp_context& ctx, const char* call, cudaStream_t stream, Body&& body) {
   try {
     body();
     mark_collectives(ctx, call, stream);
+  } catch (const remat::WorkError& e) {
+    fail_context(ctx, call, e.what());
+    throw;
+  } catch (const std::logic_error&) {
+    throw;
   } catch (const std::exception& e) {
     fail_context(ctx, call, e.what());
     throw;

@@ -287,6 +287,7 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
     build_host(*ctx, families, timeout, call_timeout);
   }
   ctx->call_timeout = call_timeout;
+  ctx->watch_collectives = backend == GTP_BACKEND_CUDA && call_timeout_ms != 0;
 
   ctx->generation = next_generation.fetch_add(1);
   ctx->call_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no clock overflow

@@ -1,6 +1,7 @@
 // The entry points' shared handle and capture checks, the context-free error, and the status strings.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -103,14 +104,18 @@ void fail_context(gtp_context& ctx, const char* call, const std::string& what) n
 }
 
 void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream) {
-  // Only where collectives outlive the call (CUDA), and never into a caller's capture.
-  if (ctx.call_timeout.count() <= 0 || ctx.backend->name() != "cuda" || ctx.runtime->capture_in_progress(stream)) {
-    return;
-  }
+  // Armed by call_timeout_ms; only where collectives outlive the call (CUDA), never into a capture.
+  if (!ctx.watch_collectives || ctx.runtime->capture_in_progress(stream)) return;
+  // The side streams the call can have enqueued on: gathers for materialize / release (their
+  // prefetches), reduce-scatters for finalize, both for drain and shard_updated.
+  const bool gathers = std::strncmp(call, "gtp_finalize", 12) != 0;
+  const bool reduce_scatters =
+      std::strncmp(call, "gtp_materialize", 15) != 0 && std::strncmp(call, "gtp_release", 11) != 0;
   const gtp::remat::Backend::CallScope scope(*ctx.backend);  // the backend's device current
   ctx.marks.resize(static_cast<std::size_t>(2 * ctx.backend->group_count()));
   for (int g = 0; g < ctx.backend->group_count(); ++g) {
     for (gtp::remat::Role role : {gtp::remat::Role::kGather, gtp::remat::Role::kReduceScatter}) {
+      if (!(role == gtp::remat::Role::kGather ? gathers : reduce_scatters)) continue;
       std::vector<gtp_context::Mark>& marks = ctx.marks[2 * g + static_cast<int>(role)];
       // Finished marks go first, so the list holds only what may still be running.
       std::size_t done = 0;

@@ -54,7 +54,8 @@ gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, 
 }
 
 gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
-  return on_context(ctx, "gtp_drain", [&] { issuing(*ctx, "gtp_drain", stream, [&] { ctx->runtime->drain(stream); }); });
+  return on_context(ctx, "gtp_drain",
+                    [&] { issuing(*ctx, "gtp_drain", stream, [&] { ctx->runtime->drain(stream); }); });
 }
 
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream) {

@@ -50,7 +50,8 @@ void expect_peers_fail_fast(int world) {
     EXPECT_LT(after_ms(line), 15000) << line;
     const std::string names[] = {"gtp_materialize", "gtp_remat", "rank " + std::to_string(failing)};
     for (const std::string& name : names) {
-      EXPECT_NE(line.find(name), std::string::npos) << "rank " << r << "'s error does not name " << name << ": " << line;
+      EXPECT_NE(line.find(name), std::string::npos) << "rank " << r << "'s error does not name " << name << ": "
+                                                    << line;
     }
     EXPECT_NE(line_of(output, r, "check").find("status=GTP_ERROR_INVALID_STATE"), std::string::npos) << output;
     EXPECT_NE(line_of(output, r, "destroy").find("status=GTP_SUCCESS"), std::string::npos) << output;
@@ -101,7 +102,9 @@ void expect_destroy_after_timeout_recovers(const std::string& mode) {
   EXPECT_NE(line_of(output, 0, "failing materialize").find("timed out"), std::string::npos) << output;
 }
 
-TEST(FailingRanks, DestroyAfterTimeoutWithALatePeerIsCleanAndRecovers) { expect_destroy_after_timeout_recovers("late"); }
+TEST(FailingRanks, DestroyAfterTimeoutWithALatePeerIsCleanAndRecovers) {
+  expect_destroy_after_timeout_recovers("late");
+}
 TEST(FailingRanks, DestroyAfterTimeoutWithAnAbsentPeerIsCleanAndRecovers) {
   expect_destroy_after_timeout_recovers("skip");
 }

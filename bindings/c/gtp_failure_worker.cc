@@ -210,7 +210,9 @@ int main(int argc, char** argv) {
   } else if (scenario == "int64-max") {
     int64_max(world);
   } else {
-    std::fprintf(stderr, "usage: gtp_failure_worker throw-mid-call|never-joins|timeout-destroy [ROUNDS [late|skip]]|depth-diverge [ROUNDS]|int64-max\n");
+    std::fprintf(stderr,
+                 "usage: gtp_failure_worker throw-mid-call | never-joins | timeout-destroy [ROUNDS [late|skip]] | "
+                 "depth-diverge [ROUNDS] | int64-max\n");
     return 2;
   }
   std::printf("rank %d: done\n", g_rank);

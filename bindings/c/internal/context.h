@@ -89,6 +89,8 @@ struct gtp_context {
   std::atomic<bool> aborted{false};  // set by gtp_context_abort from any thread, or by a failure
   std::string failure;  // why the context failed (fail_context); guarded by errors_mutex
   std::chrono::milliseconds call_timeout{0};  // the deadline of each collective (gtp_context_check)
+  // Whether calls record watchdog marks: CUDA with call_timeout_ms set (each mark is an event record).
+  bool watch_collectives = false;
   // Watchdog marks (gtp_context_check): per side stream, events recorded at the end of calls that
   // issued collectives, oldest first, with when and by which call; CUDA only (host work is done).
   struct Mark {

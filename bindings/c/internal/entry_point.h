@@ -123,8 +123,8 @@ gtp_status_t on_context(gtp_context_t* ctx, const char* call, Body&& body,
 // groups all have one rank has no peers and stays usable. Never throws.
 void fail_context(gtp_context& ctx, const char* call, const std::string& what) noexcept;
 
-// Watchdog (gtp_context_check): on the CUDA backend, records an event per side stream after a call
-// that issued collectives on `stream`'s behalf (not while a capture is in progress).
+// Watchdog (gtp_context_check): on the CUDA backend with call_timeout_ms set, records an event on
+// each side stream the call may have enqueued on (not while a capture is in progress).
 void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream);
 // gtp_context_check's body: the first collective past call_timeout fails the context (TIMEOUT), as
 // does a communicator's asynchronous error; an aborted context is INVALID_STATE with the reason.

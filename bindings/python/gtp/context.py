@@ -269,8 +269,9 @@ class Context:
 
     def check(self):
         """Watchdog poll (gtp_context_check), for a monitoring thread: returns while every collective is
-        within call_timeout_s; raises (TimeoutError-like GTP error naming the call and group) once one
-        is past it, after aborting the communicators so peers fail too."""
+        within call_timeout_s (tracked on the CUDA backend when call_timeout_s is given); raises
+        gtp.TimeoutError naming the call and group once one is past it, after aborting the
+        communicators so peers fail too."""
         self._call("gtp_context_check")
 
     def __enter__(self):

@@ -94,8 +94,9 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx);
 gtp_status_t gtp_context_abort(gtp_context_t* ctx);
 /* Watchdog poll (appended after 0.7.0), for a framework's monitoring thread (as PyTorch's
  * ProcessGroupNCCL watchdog polls): GTP_SUCCESS while every collective the context issued is done or
- * within its call_timeout_ms. A collective past its deadline, or a communicator error, aborts the
- * context's communicators (peers waiting on this rank fail too) and returns TIMEOUT / SYSTEM / CUDA,
+ * within its call_timeout_ms (deadlines are tracked on the CUDA backend when call_timeout_ms is set).
+ * A collective past its deadline, or a communicator error, aborts the context's communicators (peers
+ * waiting on this rank fail too) and returns TIMEOUT / SYSTEM / CUDA,
  * with a message naming the call that issued it and its group; an aborted or failed context returns
  * INVALID_STATE with the reason. Waits for a call in progress on another thread (like stats). */
 gtp_status_t gtp_context_check(gtp_context_t* ctx);

@@ -52,7 +52,8 @@ struct Model {
 };
 
 gtp_status_t setup(gtp_context_t* ctx, int world, Model& m, std::int64_t rows = 64, std::int64_t cols = 256) {
-  m.shard.assign(static_cast<std::size_t>(rows / world * cols), 0x3f80);  // 1.0
+  (void)world;
+  m.shard.assign(static_cast<std::size_t>(rows * cols), 0x3f80);  // 1.0; more than any rank's rows
   gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
   desc.name = "w0";
   desc.shard = m.shard.data();
@@ -153,7 +154,7 @@ void depth_diverge(int world, int rounds) {
     std::vector<Model> models(6);
     for (std::size_t i = 0; i < models.size() && status == GTP_SUCCESS; ++i) {
       const std::int64_t rows = 1024, cols = 1024;
-      models[i].shard.assign(static_cast<std::size_t>(rows / world * cols), 0x3f80);
+      models[i].shard.assign(static_cast<std::size_t>(rows * cols), 0x3f80);  // more than any rank's rows
       const std::string name = "w" + std::to_string(i);
       gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
       desc.name = name.c_str();

@@ -162,19 +162,22 @@ UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chr
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
   // Even after a failure, live endpoints are flushed rather than forced: UCX 1.13's tcp transport can
-  // trip an internal assertion when a peer force-closes a connection that still carries traffic.
+  // trip an internal assertion when a peer force-closes a connection that still carries traffic. A
+  // transfer this rank gave up on is the exception: only a forced close purges its request.
+  for (const PendingSend& pending : pending_sends_) {  // sends nobody will take (aborts, goodbyes)
+    if (pending.request != nullptr && ucp_request_check_status(pending.request) == UCS_INPROGRESS) {
+      gave_up_transfer_ = true;
+    }
+  }
   const auto deadline = Clock::now() + kBestEffortWait;
   for (auto& [rank, endpoint] : endpoints_) {
-    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK, deadline);
+    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || gave_up_transfer_, deadline);
   }
   // Closing the endpoints completed (or failed) whatever was still in flight.
   for (PendingSend& pending : pending_sends_) {
-    if (pending.request == nullptr) continue;
-    if (ucp_request_check_status(pending.request) == UCS_INPROGRESS) gave_up_transfer_ = true;
-    ucp_request_free(pending.request);
+    if (pending.request != nullptr) ucp_request_free(pending.request);
   }
   discard_unexpected_messages();
-  if (gave_up_transfer_) worker_.abandon();
 }
 
 void UcxPeers::add(int rank, std::unique_ptr<Endpoint> endpoint) { endpoints_[rank] = std::move(endpoint); }

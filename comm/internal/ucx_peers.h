@@ -143,7 +143,7 @@ class UcxPeers {
   std::list<PendingSend> pending_sends_;
   std::string failure_;  // the first error; non-empty once the communicator failed
   // A transfer was given up while still in flight (timeout, best-effort bound): its request stays on
-  // its endpoint, so the worker must not be destroyed (UcxWorker::abandon).
+  // its endpoint until a forced close purges it; destroying the worker before that aborts the process.
   bool gave_up_transfer_ = false;
   std::string abort_payload_;
 };

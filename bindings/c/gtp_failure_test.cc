@@ -111,7 +111,7 @@ TEST(FailingRanks, DestroyAfterTimeoutWithAnAbsentPeerIsCleanAndRecovers) {
 
 // Ranks whose gathers differ (prefetch depth = rank) time out part-way through megabyte transfers;
 // destroying then tripped UCX's "ucs_hlist_is_empty(proto_reqs)" assertion in ucp_worker_destroy
-// (SIGABRT in 7 of 8 runs of 3 rounds before the fix). Every destroy must now return, three rounds.
+// (SIGABRT in 8 of 8 runs of 3 rounds before the fix). Every destroy must now return, three rounds.
 TEST(FailingRanks, DestroyAfterTransfersGivenUpMidFlightIsClean) {
   const int world = 3, rounds = 3;
   const std::string output = run(world, "depth-diverge " + std::to_string(rounds));

@@ -3,6 +3,8 @@
 // the future C ABI map it to GTP_ERROR_TIMEOUT instead of a generic system error.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -16,5 +18,13 @@ class CommError : public std::runtime_error {
  private:
   bool timed_out_;
 };
+
+// now + timeout on the steady clock, saturating: a timeout up to INT64_MAX ms means "very long"
+// (capped at 100 years, well inside the clock's 292-year range), never an overflow into the past
+// that would time out at once.
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kLongest = std::chrono::hours(24 * 365 * 100);
+  return std::chrono::steady_clock::now() + std::clamp(timeout, std::chrono::milliseconds(0), kLongest);
+}
 
 }  // namespace gtp::comm

@@ -35,7 +35,7 @@ std::size_t chunk_begin(std::size_t count, int n, int i) {
 
 }  // namespace
 
-HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
+HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout, const std::string& label)
     : rank_(bootstrap.rank()), size_(bootstrap.world_size()) {
   if (size_ > kMaxHostRanks) {
     throw std::invalid_argument("host comm supports at most " + std::to_string(kMaxHostRanks) + " ranks, not " +
@@ -46,7 +46,7 @@ HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
                                 " ms: pass a positive timeout");
   }
   worker_ = std::make_unique<internal::UcxWorker>();
-  peers_ = std::make_unique<internal::UcxPeers>(*worker_, rank_, "host comm", timeout);
+  peers_ = std::make_unique<internal::UcxPeers>(*worker_, rank_, label, timeout);
   const std::vector<std::string> addresses = bootstrap.allgather_records(worker_->address());
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -60,6 +60,16 @@ HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout)
 HostComm::~HostComm() {
   peers_.reset();  // closes the endpoints before the worker goes
 }
+
+void HostComm::set_timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) {
+    throw std::invalid_argument("host comm timeout " + std::to_string(timeout.count()) +
+                                " ms: pass a positive timeout");
+  }
+  peers_->set_timeout(timeout);
+}
+
+void HostComm::abort(const std::string& reason) noexcept { peers_->abort_job(reason); }
 
 std::uint64_t HostComm::next_sequence() {
   peers_->check_usable();

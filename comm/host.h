@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "comm/bootstrap.h"
 
@@ -29,8 +30,9 @@ class UcxPeers;
 
 class HostComm {
  public:
-  // Collective over `bootstrap` (used only during construction).
-  HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout);
+  // Collective over `bootstrap` (used only during construction). `label` names the communicator in
+  // every error (say the grid group, "host comm gtp_remat").
+  HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout, const std::string& label = "host comm");
   ~HostComm();
   HostComm(const HostComm&) = delete;
   HostComm& operator=(const HostComm&) = delete;
@@ -50,6 +52,13 @@ class HostComm {
   void all_reduce_max(float* data, std::size_t count);
 
   void barrier();
+
+  // The timeout of each later collective (the constructor's bounds only the connection).
+  void set_timeout(std::chrono::milliseconds timeout);
+  // Marks the communicator failed and tells every peer to throw `reason` (CommError) from the
+  // collective it waits in, or its next one: a rank whose call failed between collectives calls it so
+  // that no peer waits for a collective this rank will not make. Never throws.
+  void abort(const std::string& reason) noexcept;
 
  private:
   std::uint64_t next_sequence();  // the tag sequence of the next collective's first step

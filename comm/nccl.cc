@@ -24,14 +24,15 @@ std::string nccl_text(ncclResult_t result, ncclComm_t comm) {
   return text;
 }
 
-ncclConfig_t to_nccl(const NcclGroupConfig& config) {
+// `name` (config.comm_name, kept by the communicator) must outlive it.
+ncclConfig_t to_nccl(const NcclGroupConfig& config, const std::string& name) {
   ncclConfig_t nccl = NCCL_CONFIG_INITIALIZER;
   nccl.blocking = 0;
   if (config.cga_cluster_size >= 0) nccl.cgaClusterSize = config.cga_cluster_size;
   if (config.min_ctas >= 0) nccl.minCTAs = config.min_ctas;
   if (config.max_ctas >= 0) nccl.maxCTAs = config.max_ctas;
   if (!config.net_name.empty()) nccl.netName = config.net_name.c_str();
-  if (!config.comm_name.empty()) nccl.commName = config.comm_name.c_str();
+  if (!name.empty()) nccl.commName = name.c_str();
   return nccl;
 }
 
@@ -102,13 +103,16 @@ SplitAssignment split_assignment(const std::vector<std::vector<int>>& groups, in
 }
 
 NcclComm::NcclComm(NcclComm&& other) noexcept
-    : comm_(std::exchange(other.comm_, nullptr)), owned_(std::exchange(other.owned_, false)) {}
+    : comm_(std::exchange(other.comm_, nullptr)),
+      owned_(std::exchange(other.owned_, false)),
+      name_(std::move(other.name_)) {}
 
 NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
   if (this != &other) {
     release();
     comm_ = std::exchange(other.comm_, nullptr);
     owned_ = std::exchange(other.owned_, false);
+    name_ = std::move(other.name_);
   }
   return *this;
 }
@@ -138,6 +142,7 @@ void NcclComm::release() {
   }
   comm_ = nullptr;
   owned_ = false;
+  name_.reset();  // only once NCCL is done with the communicator
 }
 
 NcclComm NcclComm::create_world(Bootstrap& bootstrap, std::chrono::milliseconds timeout,
@@ -152,9 +157,10 @@ NcclComm NcclComm::create_world(Bootstrap& bootstrap, std::chrono::milliseconds 
     }
   }
   bootstrap.broadcast(&id, sizeof(id), 0);
-  ncclConfig_t nccl = to_nccl(config);
+  auto name = std::make_unique<std::string>(config.comm_name);
+  ncclConfig_t nccl = to_nccl(config, *name);
   ncclComm_t comm = nullptr;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   const ncclResult_t issued = ncclCommInitRankConfig(&comm, bootstrap.world_size(), id, bootstrap.rank(), &nccl);
   if (comm == nullptr) {
     throw CommError(std::string("ncclCommInitRankConfig failed: ") + ncclGetErrorString(issued), false);
@@ -162,7 +168,7 @@ NcclComm NcclComm::create_world(Bootstrap& bootstrap, std::chrono::milliseconds 
   wait_ready(comm, issued == ncclSuccess ? ncclInProgress : issued, deadline,
              "NCCL world communicator init (rank " + std::to_string(bootstrap.rank()) + " of " +
                  std::to_string(bootstrap.world_size()) + ")");
-  return NcclComm(comm, true);
+  return NcclComm(comm, true, std::move(name));
 }
 
 NcclComm NcclComm::borrow(ncclComm_t comm) {
@@ -175,9 +181,10 @@ NcclComm NcclComm::split(const std::vector<std::vector<int>>& groups, const Nccl
   if (comm_ == nullptr) throw std::invalid_argument("split called on an empty NcclComm: split a valid communicator");
   check_config(config);
   const SplitAssignment assignment = split_assignment(groups, rank(), size());
-  ncclConfig_t nccl = to_nccl(config);
+  auto name = std::make_unique<std::string>(config.comm_name);
+  ncclConfig_t nccl = to_nccl(config, *name);
   ncclComm_t child = nullptr;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   // Built before the split: while a non-blocking split is in flight the parent answers
   // ncclInProgress to every query, rank() included.
   const std::string what = "ncclCommSplit into group " + std::to_string(assignment.color) + " (\"" +
@@ -199,7 +206,7 @@ NcclComm NcclComm::split(const std::vector<std::vector<int>>& groups, const Nccl
     return NcclComm();
   }
   wait_ready(child, ncclInProgress, deadline, what);
-  return NcclComm(child, true);
+  return NcclComm(child, true, std::move(name));
 }
 
 int NcclComm::rank() const {
@@ -231,7 +238,7 @@ void NcclComm::check_async_error() {
 
 void NcclComm::wait_enqueued(std::chrono::milliseconds timeout) {
   if (comm_ == nullptr) return;
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = deadline_after(timeout);
   ncclResult_t state = ncclInProgress;
   while (state == ncclInProgress) {
     const ncclResult_t polled = ncclCommGetAsyncError(comm_, &state);
@@ -250,6 +257,7 @@ void NcclComm::abort() {
   if (comm_ != nullptr && owned_) ncclCommAbort(comm_);
   comm_ = nullptr;
   owned_ = false;
+  name_.reset();
 }
 
 }  // namespace gtp::comm

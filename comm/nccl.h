@@ -11,6 +11,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,11 +74,15 @@ class NcclComm {
   void abort();
 
  private:
-  NcclComm(ncclComm_t comm, bool owned) : comm_(comm), owned_(owned) {}
+  NcclComm(ncclComm_t comm, bool owned, std::unique_ptr<std::string> name = nullptr)
+      : comm_(comm), owned_(owned), name_(std::move(name)) {}
   void release();
 
   ncclComm_t comm_ = nullptr;
   bool owned_ = false;
+  // The commName NCCL was given: it may keep the pointer, so the text lives as long as the
+  // communicator (on the heap, so that moving this object does not move it).
+  std::unique_ptr<std::string> name_;
 };
 
 }  // namespace gtp::comm

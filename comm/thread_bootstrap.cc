@@ -81,7 +81,7 @@ namespace {
 void run_round(ThreadBootstrap::Shared& shared, std::uint64_t sequence, int rank, Operation op, const void* send,
                void* recv, std::size_t bytes, int root) {
   const int n = shared.world_size;
-  const auto deadline = std::chrono::steady_clock::now() + shared.timeout;
+  const auto deadline = deadline_after(shared.timeout);
   std::unique_lock<std::mutex> lock(shared.mutex);
   auto [it, created] = shared.rounds.try_emplace(sequence);
   Round& round = it->second;

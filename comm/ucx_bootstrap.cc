@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +70,9 @@ sockaddr_storage resolve(const std::string& host, int port, socklen_t* length) {
   freeaddrinfo(found);
   return address;
 }
+
+// How long past its own timeout a joined rank waits for rank 0's accept or abort.
+constexpr std::chrono::milliseconds kAcceptGrace{3000};
 
 // Handshake payloads.
 struct Hello {
@@ -208,10 +212,15 @@ UcxBootstrap::UcxBootstrap(const UcxBootstrapConfig& config)
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+    // Rank 0 accepts once every rank joined, or names the missing ones in an ABORT when its own
+    // timeout (started before this welcome) expires: wait a little past that, so this rank reports
+    // rank 0's message (which ranks are missing) rather than its own "waiting for rank 0".
+    const auto accept_deadline =
+        deadline_after(std::min(config.timeout, std::chrono::milliseconds::max() - kAcceptGrace) + kAcceptGrace);
     const Hello hello{slot, rank_, world_size_};
     ucx_->peers->send(0, MessageKind::kHello, 0, "hello", &hello, sizeof(hello));
-    ucx_->peers->wait_sends(deadline);
-    ucx_->peers->recv_any_size(0, MessageKind::kAccept, 0, deadline);
+    ucx_->peers->wait_sends(accept_deadline);
+    ucx_->peers->recv_any_size(0, MessageKind::kAccept, 0, accept_deadline);
   }
 }
 

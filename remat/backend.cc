@@ -51,10 +51,13 @@ void Backend::join_all(Stream waiter) {
 }
 
 Backend::CollectiveBatch::~CollectiveBatch() {
-  if (!open_) return;
+  if (open_) backend_.cancel_collectives();  // only reached while an earlier error unwinds
+}
+
+void Backend::cancel_collectives() noexcept {
   try {
-    backend_.end_collectives();
-  } catch (...) {  // only reached while an earlier error unwinds; that one is reported
+    end_collectives();
+  } catch (...) {  // the error being unwound is the one reported
   }
 }
 

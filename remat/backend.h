@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,14 @@ namespace gtp::remat {
 
 using Stream = void*;
 using Event = std::uint64_t;
+
+// A bad argument found while work runs or is enqueued (a kernel's pack or unpack check, ranks whose
+// host collectives disagree), as opposed to misuse the runtime refuses before it enqueues anything:
+// the call failed part-way, so peers may be waiting for the rest (docs/reliability.md).
+class WorkError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
 
 // The two side streams of a group.
 enum class Role { kGather = 0, kReduceScatter = 1 };
@@ -147,7 +156,8 @@ class Backend {
       open_ = false;
       backend_.end_collectives();
     }
-    // A batch left open by an exception is closed, its own errors dropped (the first error is thrown).
+    // A batch left open by an exception is cancelled (cancel_collectives): nothing of it is launched,
+    // so a half-filled batch never meets peers' collectives. Its own errors are dropped.
     ~CollectiveBatch();
     CollectiveBatch(const CollectiveBatch&) = delete;
     CollectiveBatch& operator=(const CollectiveBatch&) = delete;
@@ -177,11 +187,21 @@ class Backend {
     Backend& backend_;
   };
 
+  // Failing ranks (docs/reliability.md): aborts every communicator of the backend so that peers
+  // waiting in a collective this rank will not make fail instead of waiting (the host transport sends
+  // them `reason`; NCCL peers see it through their own deadline). Later collectives fail. Never throws.
+  virtual void abort_communicators(const std::string& /*reason*/) noexcept {}
+  // Whether the work before `event` (from record) has finished; the host backend's always has.
+  virtual bool complete(Event /*event*/) { return true; }
+
  protected:
   // A fill tag mismatch the device found since the last poll: calls that check, which throws.
   virtual void poll_fill_tags() {}
   virtual void begin_collectives() {}
   virtual void end_collectives() {}
+  // Closes an open batch without launching any of its collectives. The default ends it (a backend
+  // whose collectives run at once has nothing left to launch).
+  virtual void cancel_collectives() noexcept;
   virtual void begin_call() {}
   virtual void end_call() {}
   // Blocks the host until every side stream's work is done (warm_up_collectives only).

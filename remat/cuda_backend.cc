@@ -15,20 +15,40 @@ void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw CudaError(std::string(what) + " failed: " + cudaGetErrorString(error));
 }
 
-// The kernels report launch failures as std::runtime_error with CUDA's message; bad arguments stay
-// std::invalid_argument.
+// The kernels report launch failures as std::runtime_error with CUDA's message; bad arguments become
+// WorkError (still std::invalid_argument): the call fails part-way.
 template <typename Launch>
 void launch(const char* what, Launch&& body) {
   try {
     body();
   } catch (const CudaError&) {
     throw;
+  } catch (const WorkError&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    throw WorkError(e.what());
   } catch (const std::runtime_error& e) {
     throw CudaError(std::string(what) + ": " + e.what());
   }
 }
 
 cudaStream_t on(Stream stream) { return static_cast<cudaStream_t>(stream); }
+
+// Makes `device` current for a scope, restoring the caller's device at its end.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&caller_) == cudaSuccess && caller_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (caller_ >= 0) cudaSetDevice(caller_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int caller_ = -1;
+};
 
 void run_callback(void* data) {
   std::unique_ptr<std::function<void()>> callback(static_cast<std::function<void()>*>(data));
@@ -116,6 +136,7 @@ void CudaBackend::synchronize_side_streams() {
 }
 
 CudaBackend::~CudaBackend() {
+  const DeviceScope device(device_);
   for (auto& [id, entry] : live_) events_.release(entry.event);
   for (cudaStream_t stream : side_) cudaStreamSynchronize(stream);  // StreamPool destroys them
   for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
@@ -284,11 +305,38 @@ void CudaBackend::end_collectives() {
 void CudaBackend::begin_call() {
   in_call_ = true;
   capture_memo_.clear();
+  // Never throws (CallScope's constructor): a failing switch shows in the call's first CUDA call.
+  caller_device_ = -1;
+  if (cudaGetDevice(&caller_device_) == cudaSuccess && caller_device_ != device_) cudaSetDevice(device_);
 }
 
 void CudaBackend::end_call() {
   in_call_ = false;
   capture_memo_.clear();
+  if (caller_device_ >= 0 && caller_device_ != device_) cudaSetDevice(caller_device_);
+}
+
+void CudaBackend::cancel_collectives() noexcept {
+  batching_ = false;
+  // NCCL cannot drop a group's collectives, but a call inside the group that it refuses (here, one
+  // on no communicator) makes ncclGroupEnd fail and launch none of them (NCCL's group error).
+  float unused = 0;
+  ncclAllReduce(&unused, &unused, 1, ncclFloat32, ncclMax, nullptr, nullptr);
+  ncclGroupEnd();
+}
+
+void CudaBackend::abort_communicators(const std::string& /*reason*/) noexcept {
+  for (const CudaGroup& g : groups_) {
+    g.gather->abort();
+    g.reduce_scatter->abort();
+  }
+}
+
+bool CudaBackend::complete(Event id) {
+  const cudaError_t error = cudaEventQuery(live(id).event);
+  if (error == cudaErrorNotReady) return false;
+  check(error, "cudaEventQuery");
+  return true;
 }
 
 unsigned long long CudaBackend::capture_id(cudaStream_t stream) {

@@ -112,6 +112,10 @@ class CudaBackend : public Backend {
   void launch_graph(Graph graph, Stream stream) override;
   void destroy_graph(Graph graph) noexcept override;
 
+  // ncclCommAbort on every group's communicators (peers learn of it through their own deadline).
+  void abort_communicators(const std::string& reason) noexcept override;
+  bool complete(Event event) override;  // cudaEventQuery
+
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
@@ -119,7 +123,10 @@ class CudaBackend : public Backend {
   void poll_fill_tags() override;
   void begin_collectives() override;
   void end_collectives() override;
-  // Within a call, each stream's capture status is read once (capture_id).
+  // Poisons the open NCCL group with a call NCCL refuses, so ncclGroupEnd launches none of it.
+  void cancel_collectives() noexcept override;
+  // Within a call, each stream's capture status is read once (capture_id); the call runs with the
+  // backend's device current, and the caller's device is restored at its end.
   void begin_call() override;
   void end_call() override;
   void synchronize_side_streams() override;
@@ -151,6 +158,7 @@ class CudaBackend : public Backend {
   bool batching_ = false;
   std::vector<comm::NcclComm*> batch_comms_;  // the communicators of the open batch's collectives
   bool in_call_ = false;
+  int caller_device_ = -1;  // the device current when the call began
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
   std::unordered_map<Graph, cudaGraphExec_t> graphs_;  // begin_graph / end_graph recordings
   Graph next_graph_ = 0;

@@ -52,7 +52,7 @@ void HostBackend::unpack_many(Stream, const kernels::WireSpec& spec, const std::
     run([=] { kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size())); });
     return;
   }
-  kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size()));
+  as_work([&] { kernels::unpack_many_reference(spec, jobs.data(), static_cast<std::int64_t>(jobs.size())); });
 }
 
 void HostBackend::unpack_gemm(Stream, const kernels::WireSpec& spec, const kernels::GatheredChunks& in,
@@ -121,10 +121,14 @@ void HostBackend::abort_graph(Stream) noexcept {
 void HostBackend::launch_graph(Graph graph, Stream) {
   const auto found = graphs_.find(graph);
   if (found == graphs_.end()) throw std::invalid_argument("graph " + std::to_string(graph) + " is not live");
-  for (const std::function<void()>& work : found->second) work();
+  for (const std::function<void()>& work : found->second) as_work(work);
 }
 
 void HostBackend::destroy_graph(Graph graph) noexcept { graphs_.erase(graph); }
+
+void HostBackend::abort_communicators(const std::string& reason) noexcept {
+  for (comm::HostComm* c : groups_) c->abort(reason);  // a communicator shared by two groups: once
+}
 
 void* HostBackend::do_allocate(std::int64_t bytes) {
   const std::size_t rounded = static_cast<std::size_t>(kernels::round_up(bytes, kernels::kSectionAlignment));

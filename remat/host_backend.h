@@ -59,6 +59,9 @@ class HostBackend : public Backend {
   void launch_graph(Graph graph, Stream) override;
   void destroy_graph(Graph graph) noexcept override;
 
+  // HostComm::abort on each group's communicator: every peer throws `reason`.
+  void abort_communicators(const std::string& reason) noexcept override;
+
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
@@ -71,7 +74,18 @@ class HostBackend : public Backend {
     if (recording_) {
       recorded_.emplace_back(std::forward<Work>(work));
     } else {
+      as_work(work);
+    }
+  }
+  // Runs `work`, reporting its argument checks as WorkError.
+  template <typename Work>
+  static void as_work(Work&& work) {
+    try {
       work();
+    } catch (const WorkError&) {
+      throw;
+    } catch (const std::invalid_argument& e) {
+      throw WorkError(e.what());
     }
   }
 

@@ -9,6 +9,7 @@ targets=(
   //comm:gtp-launch //comm:cluster_setup_test //comm:cluster_setup_worker //bench/collectives:gtp-bench
   //topology:gtp-topo //remat:cuda_backend_test //remat:cuda_stream_capture_test //remat:cuda_fill_graphs_test //remat:cuda_graph_test //bindings/c:gtp_cuda_test //bindings/c:gtp_cuda_graph_test
   //bindings/c:gtp_fp8_gemm_test //remat:cuda_fill_tags_test //bench/remat:fill_tag_cuda_bench
+  //remat:cuda_failure_test //bindings/c:gtp_cuda_watchdog_test
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
 )
 bazel build -c opt "${targets[@]}"

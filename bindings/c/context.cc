@@ -64,6 +64,11 @@ gtp_status_t gtp_context_abort(gtp_context_t* ctx) {
   }, InvalidArgumentIs::kArgument, Access::kAny);  // ncclCommAbort is how another thread stops a stuck call
 }
 
+gtp_status_t gtp_context_check(gtp_context_t* ctx) {
+  return on_context(ctx, "gtp_context_check", [&] { check_context(*ctx); }, InvalidArgumentIs::kArgument,
+                    Access::kRead);
+}
+
 gtp_status_t gtp_context_sizes(gtp_context_t* ctx, gtp_sizes_t* out) {
   return on_context(ctx, "gtp_context_sizes", [&] {
     require(out != nullptr, "out is NULL");

@@ -3,6 +3,7 @@
 // config and profile settings (docs/c-abi.md).
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <chrono>
 #include <memory>
 #include <numeric>
@@ -146,7 +147,8 @@ int current_device() {
 // its communicator), each over a GroupBootstrap of the world bootstrap. Every rank builds the same
 // families in the same order, as GroupBootstrap requires.
 void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>>>& families,
-                std::chrono::milliseconds timeout) {
+                std::chrono::milliseconds timeout, std::chrono::milliseconds call_timeout) {
+  const char* names[] = {kDenseGroup, kExpertGroup};
   std::vector<gtp::comm::HostComm*> groups;
   for (std::size_t f = 0; f < families.size(); ++f) {
     const auto same = std::find(families.begin(), families.begin() + f, families[f]);
@@ -156,7 +158,13 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
     }
     ctx.group_bootstraps.push_back(
         std::make_unique<gtp::comm::GroupBootstrap>(*ctx.bootstrap, group_containing(families[f], ctx.rank)));
-    ctx.host_comms.push_back(std::make_unique<gtp::comm::HostComm>(*ctx.group_bootstraps.back(), timeout));
+    // Named after the group (both, when the families are equal), so every error says which.
+    std::string label = std::string("host comm ") + names[f];
+    for (std::size_t later = f + 1; later < families.size(); ++later) {
+      if (families[later] == families[f]) label += std::string("/") + names[later];
+    }
+    ctx.host_comms.push_back(std::make_unique<gtp::comm::HostComm>(*ctx.group_bootstraps.back(), timeout, label));
+    ctx.host_comms.back()->set_timeout(call_timeout);
     groups.push_back(ctx.host_comms.back().get());
   }
   ctx.backend = std::make_unique<gtp::remat::HostBackend>(groups);
@@ -171,7 +179,8 @@ void build_host(gtp_context& ctx, const std::vector<std::vector<std::vector<int>
 // reduce_scatter_stream_priority. Every rank makes the
 // same splits in the same order: world splits on all ranks, then its group's copy with its group.
 void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& profile,
-                const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout) {
+                const std::vector<std::vector<std::vector<int>>>& families, std::chrono::milliseconds timeout,
+                std::chrono::milliseconds call_timeout) {
   const char* names[] = {kDenseGroup, kExpertGroup};
   std::vector<gtp::remat::CudaStreamPriorities> priorities;  // per group, from its profile group
   try {
@@ -203,7 +212,7 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
       ctx.nccl_reduce_scatter.push_back(std::make_unique<gtp::comm::NcclComm>(gather.split({positions}, copy, timeout)));
       groups.push_back({&gather, ctx.nccl_reduce_scatter.back().get()});
     }
-    ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, timeout, priorities);
+    ctx.backend = std::make_unique<gtp::remat::CudaBackend>(device, groups, call_timeout, priorities);
   } catch (const gtp::comm::CommError&) {
     throw;  // NCCL init or the bootstrap: TIMEOUT or SYSTEM
   } catch (const std::runtime_error& e) {
@@ -217,7 +226,12 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
 void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   require(config != nullptr, "config is NULL; pass a gtp_context_config_t from GTP_CONTEXT_CONFIG_INITIALIZER");
   require(out != nullptr, "out is NULL");
-  check_struct_size(config->struct_size, sizeof(gtp_context_config_t), "gtp_context_config_t");
+  // The 0.7.0 layout ends before call_timeout_ms: still accepted, with the field taken as 0.
+  constexpr size_t kSize070 = offsetof(gtp_context_config_t, call_timeout_ms);
+  if (config->struct_size != kSize070) {
+    check_struct_size(config->struct_size, sizeof(gtp_context_config_t), "gtp_context_config_t");
+  }
+  const std::int64_t call_timeout_ms = config->struct_size == kSize070 ? 0 : config->call_timeout_ms;
   const std::uint32_t major = config->header_version / 10000, minor = config->header_version / 100 % 100;
   if (major != GTP_VERSION_MAJOR || minor != GTP_VERSION_MINOR) {
     throw StatusError(GTP_ERROR_VERSION, "the caller was compiled against gtp.h " + std::to_string(major) + "." +
@@ -231,7 +245,11 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
           "backend " + std::to_string(backend) + " is unknown; use GTP_BACKEND_HOST or GTP_BACKEND_CUDA");
   // Before any collective: a rank without a device fails here instead of stalling its peers' NCCL init.
   const int device = backend == GTP_BACKEND_CUDA ? current_device() : -1;
+  require(call_timeout_ms >= 0, "call_timeout_ms is " + std::to_string(call_timeout_ms) +
+                                    "; give a positive timeout, or 0 for timeout_ms");
+  // Creation (bootstrap, communicators, warm-up) and each later collective: INT64_MAX is "very long".
   const std::chrono::milliseconds timeout(config->timeout_ms);
+  const std::chrono::milliseconds call_timeout(call_timeout_ms == 0 ? config->timeout_ms : call_timeout_ms);
 
   auto ctx = std::make_unique<gtp_context>();
   if (bootstrap == GTP_BOOTSTRAP_CALLBACKS) {
@@ -240,7 +258,9 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   } else {
     require(bootstrap == GTP_BOOTSTRAP_UCX_FROM_ENV,
             "bootstrap " + std::to_string(bootstrap) + " is unknown; use GTP_BOOTSTRAP_CALLBACKS or _UCX_FROM_ENV");
-    ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(gtp::comm::UcxBootstrapConfig::from_env());
+    gtp::comm::UcxBootstrapConfig ucx = gtp::comm::UcxBootstrapConfig::from_env();
+    ucx.timeout = timeout;  // the config's creation timeout, not GTP_BOOTSTRAP_TIMEOUT's default
+    ctx->bootstrap = std::make_unique<gtp::comm::UcxBootstrap>(ucx);
   }
   ctx->rank = ctx->bootstrap->rank();
   const gtp::topology::Profile profile = profile_for(*config, ctx->bootstrap->world_size());
@@ -268,10 +288,12 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
                                                       ctx->group_wire));
   const std::vector<std::vector<std::vector<int>>> families = remat_groups(s);
   if (backend == GTP_BACKEND_CUDA) {
-    build_cuda(*ctx, device, profile, families, timeout);
+    build_cuda(*ctx, device, profile, families, timeout, call_timeout);
   } else {
-    build_host(*ctx, families, timeout);
+    build_host(*ctx, families, timeout, call_timeout);
   }
+  ctx->call_timeout = call_timeout;
+  ctx->watch_collectives = backend == GTP_BACKEND_CUDA && call_timeout_ms != 0;
 
   ctx->generation = next_generation.fetch_add(1);
   ctx->call_wait = std::min<std::chrono::milliseconds>(timeout, std::chrono::hours(24 * 365));  // no clock overflow

@@ -1,6 +1,7 @@
 // The entry points' shared handle and capture checks, the context-free error, and the status strings.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -61,6 +62,101 @@ void leave_call(gtp_context& ctx) {
     ctx.call_is_read = false;
   }
   ctx.call_done.notify_all();
+}
+
+namespace {
+const char* group_name(int group) { return group == GTP_GROUP_GTP_REMAT ? "gtp_remat" : "expt_gtp_remat"; }
+}  // namespace
+
+std::string aborted_message(gtp_context& ctx) {
+  std::lock_guard<std::mutex> lock(ctx.errors_mutex);
+  if (ctx.failure.empty()) return "the context was aborted; destroy it";
+  return "the context was aborted after a failure: " + ctx.failure;
+}
+
+void fail_context(gtp_context& ctx, const char* call, const std::string& what) noexcept {
+  try {
+    if (ctx.backend == nullptr) return;
+    std::string groups;
+    bool peers = false;
+    for (int g = 0; g < ctx.backend->group_count(); ++g) {
+      peers = peers || ctx.backend->group_size(g) > 1;
+      groups += std::string(g == 0 ? "" : ", ") + group_name(g) + " of " + std::to_string(ctx.backend->group_size(g)) +
+                " ranks";
+    }
+    if (!peers) return;  // nobody can be waiting for this rank
+    const std::string message = std::string(call) + " failed on rank " + std::to_string(ctx.rank) + " (groups " +
+                                groups + "): " + what +
+                                "; libgtp aborted its communicators so that no rank waits for it: destroy the "
+                                "context on every rank (and create a new one)";
+    {
+      std::lock_guard<std::mutex> lock(ctx.errors_mutex);
+      if (!ctx.failure.empty()) return;  // the first failure already aborted everything
+      ctx.failure = message;
+    }
+    ctx.aborted = true;
+    ctx.backend->abort_communicators(message);
+    for (auto& comm : ctx.nccl_reduce_scatter) comm->abort();
+    for (auto& comm : ctx.nccl_groups) comm->abort();
+    if (ctx.nccl_world != nullptr) ctx.nccl_world->abort();
+  } catch (...) {  // out of memory building the message: the call's own error is still reported
+  }
+}
+
+void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream) {
+  // Armed by call_timeout_ms; only where collectives outlive the call (CUDA), never into a capture.
+  if (!ctx.watch_collectives || ctx.runtime->capture_in_progress(stream)) return;
+  // The side streams the call can have enqueued on: gathers for materialize / release (their
+  // prefetches), reduce-scatters for finalize, both for drain and shard_updated.
+  const bool gathers = std::strncmp(call, "gtp_finalize", 12) != 0;
+  const bool reduce_scatters =
+      std::strncmp(call, "gtp_materialize", 15) != 0 && std::strncmp(call, "gtp_release", 11) != 0;
+  const gtp::remat::Backend::CallScope scope(*ctx.backend);  // the backend's device current
+  ctx.marks.resize(static_cast<std::size_t>(2 * ctx.backend->group_count()));
+  for (int g = 0; g < ctx.backend->group_count(); ++g) {
+    for (gtp::remat::Role role : {gtp::remat::Role::kGather, gtp::remat::Role::kReduceScatter}) {
+      if (!(role == gtp::remat::Role::kGather ? gathers : reduce_scatters)) continue;
+      std::vector<gtp_context::Mark>& marks = ctx.marks[2 * g + static_cast<int>(role)];
+      // Finished marks go first, so the list holds only what may still be running.
+      std::size_t done = 0;
+      while (done < marks.size() && ctx.backend->complete(marks[done].event)) ctx.backend->forget(marks[done++].event);
+      marks.erase(marks.begin(), marks.begin() + static_cast<std::ptrdiff_t>(done));
+      const gtp::remat::Event event = ctx.backend->record(ctx.backend->side_stream(g, role));
+      marks.push_back({event, std::chrono::steady_clock::now(), call, g});
+    }
+  }
+}
+
+void check_context(gtp_context& ctx) {
+  if (ctx.aborted) throw StateError(aborted_message(ctx));
+  for (auto* list : {&ctx.nccl_groups, &ctx.nccl_reduce_scatter}) {
+    for (auto& comm : *list) {
+      try {
+        comm->check_async_error();
+      } catch (const std::exception& e) {
+        fail_context(ctx, "gtp_context_check", e.what());
+        throw;
+      }
+    }
+  }
+  const gtp::remat::Backend::CallScope scope(*ctx.backend);
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t s = 0; s < ctx.marks.size(); ++s) {
+    std::vector<gtp_context::Mark>& marks = ctx.marks[s];
+    std::size_t done = 0;
+    while (done < marks.size() && ctx.backend->complete(marks[done].event)) ctx.backend->forget(marks[done++].event);
+    marks.erase(marks.begin(), marks.begin() + static_cast<std::ptrdiff_t>(done));
+    if (marks.empty() || now - marks.front().issued <= ctx.call_timeout) continue;
+    const gtp_context::Mark& late = marks.front();
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - late.issued);
+    const std::string message =
+        std::string("a collective that ") + late.call + " issued on group " + group_name(late.group) + " (its " +
+        gtp::remat::to_string(static_cast<gtp::remat::Role>(s % 2)) + " stream) has not completed " +
+        std::to_string(waited.count()) + " ms after the call, past call_timeout_ms=" +
+        std::to_string(ctx.call_timeout.count()) + ": a peer is missing, stuck or made different calls";
+    fail_context(ctx, "gtp_context_check", message);
+    throw gtp::comm::CommError(message, true);
+  }
 }
 
 WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w) {

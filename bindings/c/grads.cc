@@ -47,12 +47,15 @@ gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, 
   const gtp_status_t status = on_context(ctx, "gtp_finalize", [&] { ids = ids_of(*ctx, ws, n); });
   if (status != GTP_SUCCESS) return status;
   return on_context(ctx, "gtp_finalize", [&] {
-    ctx->runtime->finalize(ids.data(), static_cast<std::int64_t>(ids.size()), last_microbatch != 0, stream);
+    issuing(*ctx, "gtp_finalize", stream, [&] {
+      ctx->runtime->finalize(ids.data(), static_cast<std::int64_t>(ids.size()), last_microbatch != 0, stream);
+    });
   }, InvalidArgumentIs::kState);
 }
 
 gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
-  return on_context(ctx, "gtp_drain", [&] { ctx->runtime->drain(stream); });
+  return on_context(ctx, "gtp_drain",
+                    [&] { issuing(*ctx, "gtp_drain", stream, [&] { ctx->runtime->drain(stream); }); });
 }
 
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream) {
@@ -60,8 +63,9 @@ gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t strea
     if ((flags & ~GTP_DRAIN_DEFER_HEAD) != 0) {
       require(false, "flags " + std::to_string(flags) + " has unknown bits; use 0 or GTP_DRAIN_DEFER_HEAD");
     }
-    ctx->runtime->drain(stream, (flags & GTP_DRAIN_DEFER_HEAD) != 0 ? gtp::remat::Runtime::Head::kAfterShardUpdate
-                                                                    : gtp::remat::Runtime::Head::kAtDrain);
+    const auto head = (flags & GTP_DRAIN_DEFER_HEAD) != 0 ? gtp::remat::Runtime::Head::kAfterShardUpdate
+                                                          : gtp::remat::Runtime::Head::kAtDrain;
+    issuing(*ctx, "gtp_drain_ex", stream, [&] { ctx->runtime->drain(stream, head); });
   });
 }
 

@@ -225,7 +225,7 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(gtp_context_create(nullptr, &out), GTP_ERROR_INVALID_ARGUMENT, nullptr, "config is NULL");
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
   EXPECT_GTP_ERROR(gtp_context_create(&config, nullptr), GTP_ERROR_INVALID_ARGUMENT, nullptr, "out is NULL");
-  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 8; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 16; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
                    "compiled against gtp.h 0.8 but this libgtp is 0.7");
@@ -263,6 +263,22 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_EQ(gtp_context_destroy(nullptr), GTP_SUCCESS);
   EXPECT_STREQ(gtp_status_string(GTP_ERROR_TIMEOUT), "GTP_ERROR_TIMEOUT");
   EXPECT_STREQ(gtp_status_string(static_cast<gtp_status_t>(42)), "unknown gtp_status_t");
+}
+
+// call_timeout_ms: refused below 0; a caller built against the 0.7.0 header (whose struct ends before
+// it) is still accepted.
+TEST(CAbi, CallTimeoutIsCheckedAndThe070ConfigLayoutIsAccepted) {
+  auto group = gtp::comm::ThreadBootstrap::create_group(1, kTimeout);
+  const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &callbacks;
+  config.call_timeout_ms = -1;
+  gtp_context_t* ctx = nullptr;
+  EXPECT_GTP_ERROR(gtp_context_create(&config, &ctx), GTP_ERROR_INVALID_ARGUMENT, nullptr, "call_timeout_ms is -1");
+  config.struct_size = offsetof(gtp_context_config_t, call_timeout_ms);  // -1 beyond it is not read
+  ASSERT_EQ(gtp_context_create(&config, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+  EXPECT_EQ(gtp_context_check(ctx), GTP_SUCCESS) << gtp_last_error(ctx);
+  EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
 }
 
 TEST(CAbi, BootstrapFailuresMapToTimeoutAndSystem) {

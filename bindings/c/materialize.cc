@@ -88,8 +88,11 @@ gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t 
     const std::int64_t count = static_cast<std::int64_t>(ids.size());
     require(as_int(layout) != GTP_LAYOUT_GEMM,
             "layout GTP_LAYOUT_GEMM needs several pointers per weight; call gtp_materialize_views");
-    const std::vector<void*> ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
-                                                              model_chunk, static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    std::vector<void*> ptrs;
+    issuing(*ctx, "gtp_materialize", stream, [&] {
+      ptrs = ctx->runtime->materialize(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)), model_chunk,
+                                       static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    });
     std::copy(ptrs.begin(), ptrs.end(), out_ptrs);
     *out_count = ptrs.size();
   });
@@ -100,7 +103,8 @@ gtp_status_t gtp_release(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, c
   const gtp_status_t status = on_context(ctx, "gtp_release", [&] { ids = ids_of(*ctx, ws, n); });
   if (status != GTP_SUCCESS) return status;
   return on_context(ctx, "gtp_release", [&] {
-    ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+    issuing(*ctx, "gtp_release", stream,
+            [&] { ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream); });
   }, InvalidArgumentIs::kState);
 }
 
@@ -117,9 +121,11 @@ gtp_status_t gtp_materialize_views(gtp_context_t* ctx, const gtp_weight_t* ws, s
       check_struct_size(out[i].struct_size, sizeof(gtp_materialized_t),
                         ("gtp_materialized_t (out[" + std::to_string(i) + "])").c_str());
     }
-    const std::vector<gtp::remat::Materialized> views = ctx->runtime->materialize_views(
-        ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)), model_chunk,
-        static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    std::vector<gtp::remat::Materialized> views;
+    issuing(*ctx, "gtp_materialize_views", stream, [&] {
+      views = ctx->runtime->materialize_views(ids.data(), count, static_cast<gtp::remat::Phase>(as_int(phase)),
+                                              model_chunk, static_cast<gtp::remat::Layout>(as_int(layout)), stream);
+    });
     for (size_t i = 0; i < views.size(); ++i) out[i] = to_c(views[i]);
     *out_count = views.size();
   });
@@ -136,8 +142,10 @@ gtp_status_t gtp_release_layout(gtp_context_t* ctx, const gtp_weight_t* ws, size
   });
   if (status != GTP_SUCCESS) return status;
   return on_context(ctx, "gtp_release_layout", [&] {
-    ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream,
-                          static_cast<gtp::remat::Layout>(as_int(layout)));
+    issuing(*ctx, "gtp_release_layout", stream, [&] {
+      ctx->runtime->release(ids.data(), static_cast<std::int64_t>(ids.size()), stream,
+                            static_cast<gtp::remat::Layout>(as_int(layout)));
+    });
   }, InvalidArgumentIs::kState);
 }
 

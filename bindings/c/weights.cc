@@ -111,7 +111,8 @@ gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* w
   return on_context(ctx, "gtp_weights_shard_updated", [&] {
     refuse_under_capture(*ctx, "gtp_weights_shard_updated", stream);
     const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
-    ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
+    issuing(*ctx, "gtp_weights_shard_updated", stream,
+            [&] { ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream); });
   });
 }
 

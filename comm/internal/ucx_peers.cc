@@ -8,6 +8,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "comm/errors.h"
 
@@ -85,6 +86,14 @@ UcxWorker::UcxWorker() {
 }
 
 UcxWorker::~UcxWorker() {
+  if (abandoned_) {
+    // Kept reachable until exit, so leak checkers see a deliberate keep, not a lost allocation.
+    static std::mutex mutex;
+    static auto* kept = new std::vector<std::pair<ucp_context_h, ucp_worker_h>>();
+    const std::lock_guard<std::mutex> lock(mutex);
+    kept->emplace_back(context_, worker_);
+    return;
+  }
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
 }
@@ -127,6 +136,9 @@ void close_endpoint(UcxWorker& worker, Endpoint& endpoint, bool force, Clock::ti
     while (ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
       worker.progress_or_wait(std::chrono::milliseconds(10));
     }
+    // A flush that never finished (a transfer this rank gave up on, a peer that stopped progressing)
+    // leaves the endpoint with requests: ucp_worker_destroy would abort the process on it.
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) worker.abandon();
     ucp_request_free(request);
   }
   endpoint.handle = nullptr;
@@ -150,10 +162,16 @@ UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chr
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
   // Even after a failure, live endpoints are flushed rather than forced: UCX 1.13's tcp transport can
-  // trip an internal assertion when a peer force-closes a connection that still carries traffic.
+  // trip an internal assertion when a peer force-closes a connection that still carries traffic. A
+  // transfer this rank gave up on is the exception: only a forced close purges its request.
+  for (const PendingSend& pending : pending_sends_) {  // sends nobody will take (aborts, goodbyes)
+    if (pending.request != nullptr && ucp_request_check_status(pending.request) == UCS_INPROGRESS) {
+      gave_up_transfer_ = true;
+    }
+  }
   const auto deadline = Clock::now() + kBestEffortWait;
   for (auto& [rank, endpoint] : endpoints_) {
-    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK, deadline);
+    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || gave_up_transfer_, deadline);
   }
   // Closing the endpoints completed (or failed) whatever was still in flight.
   for (PendingSend& pending : pending_sends_) {
@@ -269,6 +287,7 @@ void UcxPeers::complete(void* request, Clock::time_point deadline, int peer) {
     if (Clock::now() >= deadline) {
       ucp_request_cancel(worker_.handle(), request);
       ucp_request_free(request);
+      gave_up_transfer_ = true;
       fail(AbortKind::kTimeout, label_ + ": rank " + std::to_string(self_rank_) + " timed out after " +
                                     seconds_text(timeout_) + " moving data with rank " + std::to_string(peer));
     }
@@ -294,11 +313,12 @@ void UcxPeers::wait_sends(Clock::time_point deadline) {
 UcxPeers::Probed UcxPeers::wait_for_message(std::uint64_t tag, std::uint64_t mask, int src,
                                             Clock::time_point deadline) {
   for (;;) {
+    // An ABORT goes first even when the data is there: a peer that failed after sending its part must
+    // not let this rank return success from a collective the job has given up on.
+    rethrow_pending_abort();
     Probed probed{};
     probed.message = ucp_tag_probe_nb(worker_.handle(), tag, mask, 1, &probed.info);
     if (probed.message != nullptr) return probed;
-
-    rethrow_pending_abort();
 
     if (src >= 0) {
       const Endpoint& endpoint = *endpoints_.at(src);
@@ -379,7 +399,10 @@ std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t le
   while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
     worker_.progress_or_wait(std::chrono::milliseconds(10));
   }
-  if (UCS_PTR_IS_PTR(request)) ucp_request_free(request);
+  if (UCS_PTR_IS_PTR(request)) {
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) gave_up_transfer_ = true;
+    ucp_request_free(request);
+  }
   return received.substr(std::min(received.size(), sizeof(MessageHeader)));
 }
 
@@ -411,6 +434,15 @@ void UcxPeers::fail(AbortKind kind, const std::string& message) {
   throw_for(kind, message);
 }
 
+void UcxPeers::abort_job(const std::string& message) noexcept {
+  if (!failure_.empty()) return;
+  try {
+    failure_ = message;
+    abort_peers(std::string(1, static_cast<char>(AbortKind::kPeerFailure)) + message, -1);
+  } catch (...) {  // best effort: out of memory, or UCX refusing a send, leaves the peers to their timeout
+  }
+}
+
 void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
   const AbortKind kind = payload.empty() ? AbortKind::kPeerFailure : static_cast<AbortKind>(payload[0]);
   const std::string message = payload.empty() ? label_ + ": rank " + std::to_string(sender) + " aborted"
@@ -436,7 +468,7 @@ void UcxPeers::say_goodbye() {
     ucs_status_t ignored = UCS_OK;
     if (endpoint->failure == UCS_OK) post(rank, MessageKind::kBye, 0, "bye", nullptr, 0, &ignored);
   }
-  const auto deadline = Clock::now() + timeout_;
+  const auto deadline = deadline_after(timeout_);
   for (auto& [rank, endpoint] : endpoints_) {
     for (;;) {
       ucp_tag_recv_info_t info{};

@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "comm/errors.h"
+
 namespace gtp::comm::internal {
 
 using Clock = std::chrono::steady_clock;
@@ -41,8 +43,13 @@ class UcxWorker {
   std::string address() const;  // the packed worker address other ranks connect to
   // Progresses until idle; when nothing happened, sleeps until an event arrives or `max_wait` elapses.
   void progress_or_wait(std::chrono::milliseconds max_wait);
+  // An endpoint could not be closed (its requests still in flight): destroying the worker would trip
+  // UCX's assertion that no endpoint has requests left, aborting the process. The worker and its
+  // context are then left to the process's exit instead (a bounded leak, once per failed job).
+  void abandon() { abandoned_ = true; }
 
  private:
+  bool abandoned_ = false;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int event_fd_ = -1;
@@ -56,6 +63,7 @@ struct Endpoint {
 
 // `params` carries the address fields (remote worker address, socket address or connection request).
 std::unique_ptr<Endpoint> create_endpoint(ucp_worker_h worker, ucp_ep_params_t params);
+// Closes the endpoint, progressing until `deadline`; a close still running then abandons the worker.
 void close_endpoint(UcxWorker& worker, Endpoint& endpoint, bool force, Clock::time_point deadline);
 
 class UcxPeers {
@@ -75,7 +83,7 @@ class UcxPeers {
   // Re-keys an endpoint once a handshake told whose it is; false when `from` is unknown.
   bool rename(int from, int to);
   const Endpoint& endpoint(int rank) const;
-  Clock::time_point deadline_from_now() const { return Clock::now() + timeout_; }
+  Clock::time_point deadline_from_now() const { return deadline_after(timeout_); }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // Throws if an earlier call failed: a communicator is unusable after any error.
@@ -100,6 +108,12 @@ class UcxPeers {
 
   // Sends ABORT with `message` to every peer (best effort, bounded) and throws the matching exception.
   [[noreturn]] void fail(AbortKind kind, const std::string& message);
+  // fail() without the throw, for a rank whose own call failed elsewhere: its peers, perhaps waiting
+  // in a collective this rank will never make, throw `message` (a peer failure) instead of waiting.
+  // Does nothing once the communicator has failed. Never throws.
+  void abort_job(const std::string& message) noexcept;
+  // The timeout of later calls (construction may use a longer one).
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
  private:
   struct PendingSend;
@@ -128,6 +142,9 @@ class UcxPeers {
   std::map<int, std::unique_ptr<Endpoint>> endpoints_;
   std::list<PendingSend> pending_sends_;
   std::string failure_;  // the first error; non-empty once the communicator failed
+  // A transfer was given up while still in flight (timeout, best-effort bound): its request stays on
+  // its endpoint until a forced close purges it; destroying the worker before that aborts the process.
+  bool gave_up_transfer_ = false;
   std::string abort_payload_;
 };
 

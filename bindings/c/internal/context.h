@@ -86,7 +86,20 @@ struct gtp_context {
   // message, and std::map's nodes stay put while other threads add theirs.
   std::mutex errors_mutex;
   std::map<std::thread::id, std::string> last_errors;
-  std::atomic<bool> aborted{false};  // set by gtp_context_abort from any thread
+  std::atomic<bool> aborted{false};  // set by gtp_context_abort from any thread, or by a failure
+  std::string failure;  // why the context failed (fail_context); guarded by errors_mutex
+  std::chrono::milliseconds call_timeout{0};  // the deadline of each collective (gtp_context_check)
+  // Whether calls record watchdog marks: CUDA with call_timeout_ms set (each mark is an event record).
+  bool watch_collectives = false;
+  // Watchdog marks (gtp_context_check): per side stream, events recorded at the end of calls that
+  // issued collectives, oldest first, with when and by which call; CUDA only (host work is done).
+  struct Mark {
+    gtp::remat::Event event;
+    std::chrono::steady_clock::time_point issued;
+    const char* call;
+    int group;
+  };
+  std::vector<std::vector<Mark>> marks;  // [2 * group + role]
   int rank = 0;
   gtp::topology::ParallelSizes sizes;
   gtp::kernels::WireSpec group_wire[2] = {};  // GTP_WIRE_FROM_GROUP, by gtp_group_t

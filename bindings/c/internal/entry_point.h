@@ -28,6 +28,9 @@ void set_last_error(gtp_context_t* ctx, std::string text);
 // call-order misuse once their handles and arguments have been checked here.
 enum class InvalidArgumentIs { kArgument, kState };
 
+// "the context was aborted (...why...); destroy it".
+std::string aborted_message(gtp_context& ctx);
+
 // Runs an entry point's body: every exception is caught and mapped to a gtp_status_t (docs/c-abi.md).
 template <typename Body>
 gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
@@ -35,7 +38,7 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
   gtp_status_t status = GTP_SUCCESS;
   std::string message;
   try {
-    if (ctx != nullptr && ctx->aborted) throw StateError("the context was aborted; destroy it");
+    if (ctx != nullptr && ctx->aborted) throw StateError(aborted_message(*ctx));
     body();
   } catch (const StatusError& e) {
     status = e.status;
@@ -116,6 +119,42 @@ gtp_status_t on_context(gtp_context_t* ctx, const char* call, Body&& body,
   if (!refusal.empty()) return guarded(ctx, call, [&] { throw StateError(refusal); });
   CallScope scope(*ctx);
   return guarded(ctx, call, body, invalid);
+}
+
+// Failing ranks (docs/reliability.md): marks the context failed with a message naming `call`, this
+// rank and the groups, and aborts its communicators, so peers waiting in a collective this rank will
+// not make fail too (host: they throw this message; NCCL: their deadline fires). A context whose
+// groups all have one rank has no peers and stays usable. Never throws.
+void fail_context(gtp_context& ctx, const char* call, const std::string& what) noexcept;
+
+// Watchdog (gtp_context_check): on the CUDA backend with call_timeout_ms set, records an event on
+// each side stream the call may have enqueued on (not while a capture is in progress).
+void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream);
+// gtp_context_check's body: the first collective past call_timeout fails the context (TIMEOUT), as
+// does a communicator's asynchronous error; an aborted context is INVALID_STATE with the reason.
+void check_context(gtp_context& ctx);
+
+// Runs the part of a collective-issuing entry point that reaches the runtime: a failure there fails
+// the context, except misuse refused before anything was enqueued (the C ABI's and the runtime's
+// argument and call-order checks: std::logic_error other than remat::WorkError), which leaves it
+// usable. Success marks its collectives for the watchdog.
+template <typename Body>
+void issuing(gtp_context& ctx, const char* call, cudaStream_t stream, Body&& body) {
+  try {
+    body();
+    mark_collectives(ctx, call, stream);
+  } catch (const remat::WorkError& e) {
+    fail_context(ctx, call, e.what());
+    throw;
+  } catch (const std::logic_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail_context(ctx, call, e.what());
+    throw;
+  } catch (...) {
+    fail_context(ctx, call, "unknown exception");
+    throw;
+  }
 }
 
 remat::WeightId id_of(const gtp_context_t& ctx, gtp_weight_t w);

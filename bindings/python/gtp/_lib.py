@@ -94,7 +94,8 @@ class gtp_context_config_t(ctypes.Structure):
                 ("profile_path", ctypes.c_char_p), ("prefetch_depth", ctypes.c_int32),
                 ("memory_budget_bytes", ctypes.c_int64), ("accumulate_microbatches", ctypes.c_int32),
                 ("trace_spans", ctypes.c_size_t), ("grad_ready", GRAD_READY_FN),
-                ("grad_ready_user_data", ctypes.c_void_p)]
+                ("grad_ready_user_data", ctypes.c_void_p),
+                ("call_timeout_ms", ctypes.c_int64)]  # appended after 0.7.0
 
 
 class gtp_sizes_t(ctypes.Structure):
@@ -176,6 +177,7 @@ def _declare(lib):
         "gtp_context_create": (c_status, [P(gtp_context_config_t), P(vp)]),
         "gtp_context_destroy": (c_status, [vp]),
         "gtp_context_abort": (c_status, [vp]),
+        "gtp_context_check": (c_status, [vp]),
         "gtp_context_sizes": (c_status, [vp, P(gtp_sizes_t)]),
         "gtp_weight_register": (c_status, [vp, P(gtp_weight_desc_t), P(w)]),
         "gtp_weight_unregister": (c_status, [vp, w]),

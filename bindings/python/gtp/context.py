@@ -171,6 +171,14 @@ class Weight:
         return f"gtp.Weight({self.name!r}, {self.rows}x{self.cols}, wire={self.wire}, id={self.handle.id})"
 
 
+def _milliseconds(seconds, name):
+    """A timeout in seconds as libgtp's milliseconds: finite, from 1 ms to INT64_MAX ms ("very long")."""
+    finite = isinstance(seconds, numbers.Real) and math.isfinite(seconds)
+    if not (finite and 0.001 <= seconds <= INT64_MAX / 1000):
+        raise ValueError(f"{name}={seconds!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
+    return min(int(seconds * 1000), INT64_MAX)
+
+
 class Context:
     """A libgtp context. Collective: every rank of the bootstrap creates it (same order, same store).
 
@@ -186,7 +194,8 @@ class Context:
 
     def __init__(self, store=None, rank=None, world_size=None, *, backend="host", timeout_s=60.0,
                  profile_json=None, profile_path=None, prefetch_depth=None, memory_budget_bytes=None,
-                 accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None):
+                 accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None,
+                 call_timeout_s=None):
         self._lib = _lib.lib()
         self._handle = None
         self._weights = {}
@@ -209,10 +218,9 @@ class Context:
             config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
             config.callbacks = ctypes.pointer(self._bootstrap.vtable)
         # Any finite number of seconds from 1 ms on; "very long" is not "no timeout".
-        finite = isinstance(timeout_s, numbers.Real) and math.isfinite(timeout_s)
-        if not (finite and 0.001 <= timeout_s <= INT64_MAX / 1000):
-            raise ValueError(f"timeout_s={timeout_s!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
-        config.timeout_ms = min(int(timeout_s * 1000), INT64_MAX)
+        config.timeout_ms = _milliseconds(timeout_s, "timeout_s")
+        # Each collective's deadline (gtp_context_check); None: timeout_s.
+        config.call_timeout_ms = 0 if call_timeout_s is None else _milliseconds(call_timeout_s, "call_timeout_s")
         config.backend = _choice(BACKENDS, backend, "backend")
         self._profile = [None if p is None else c_string(p, what)
                          for p, what in ((profile_json, "profile_json"), (profile_path, "profile_path"))]
@@ -258,6 +266,13 @@ class Context:
 
     def abort(self):
         self._call("gtp_context_abort")
+
+    def check(self):
+        """Watchdog poll (gtp_context_check), for a monitoring thread: returns while every collective is
+        within call_timeout_s (tracked on the CUDA backend when call_timeout_s is given); raises
+        gtp.TimeoutError naming the call and group once one is past it, after aborting the
+        communicators so peers fail too."""
+        self._call("gtp_context_check")
 
     def __enter__(self):
         return self

@@ -76,11 +76,15 @@ typedef struct {
   size_t trace_spans;                  /* spans kept for gtp_trace_json, 0: none */
   gtp_grad_ready_fn grad_ready;        /* optional: called after a weight's main-grad add */
   void* grad_ready_user_data;
+  /* Appended after 0.7.0 (the 0.7.0 struct_size is still accepted, with 0 here): the deadline of each
+   * collective a call issues, in ms; 0: timeout_ms. timeout_ms then bounds creation (bootstrap,
+   * communicators, warm-up). Values up to INT64_MAX mean "very long" (capped at 100 years). */
+  int64_t call_timeout_ms;
 } gtp_context_config_t;
 
 #define GTP_CONTEXT_CONFIG_INITIALIZER \
   { sizeof(gtp_context_config_t), GTP_HEADER_VERSION, GTP_BOOTSTRAP_CALLBACKS, NULL, 60000, GTP_BACKEND_HOST, \
-    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL }
+    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL, 0 }
 
 /* Collective over the bootstrap's ranks. */
 gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);
@@ -89,6 +93,14 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx);
 /* Marks the context unusable (every later call but destroy fails with GTP_ERROR_INVALID_STATE); on
  * the CUDA backend aborts its NCCL communicators, cancelling their pending work. */
 gtp_status_t gtp_context_abort(gtp_context_t* ctx);
+/* Watchdog poll (appended after 0.7.0), for a framework's monitoring thread (as PyTorch's
+ * ProcessGroupNCCL watchdog polls): GTP_SUCCESS while every collective the context issued is done or
+ * within its call_timeout_ms (deadlines are tracked on the CUDA backend when call_timeout_ms is set).
+ * A collective past its deadline, or a communicator error, aborts the context's communicators (peers
+ * waiting on this rank fail too) and returns TIMEOUT / SYSTEM / CUDA,
+ * with a message naming the call that issued it and its group; an aborted or failed context returns
+ * INVALID_STATE with the reason. Waits for a call in progress on another thread (like stats). */
+gtp_status_t gtp_context_check(gtp_context_t* ctx);
 /* The message of the context's latest failure ("" if none); valid until the next call on ctx. */
 const char* gtp_last_error(const gtp_context_t* ctx);
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# run_fuzz_target.sh BINARY CORPUS SECONDS: a gtp_fuzz_test (fuzz.bzl). Under --config=fuzz BINARY is a
+# libFuzzer target: it runs the seeds in CORPUS, then fuzzes for SECONDS (GTP_FUZZ_SECONDS overrides);
+# new inputs go to a scratch copy, a crashing input to the test's outputs (outputs.zip). In plain
+# builds BINARY replays CORPUS once.
+set -euo pipefail
+binary="$1"
+seeds="${TEST_SRCDIR}/${TEST_WORKSPACE}/$2"
+seconds="${GTP_FUZZ_SECONDS:-$3}"
+work="${TEST_TMPDIR}/corpus"
+artifacts="${TEST_UNDECLARED_OUTPUTS_DIR:-${TEST_TMPDIR}}"
+mkdir -p "${work}"
+# -timeout: one input taking longer is a finding (a hang). -rss_limit_mb: so is unbounded memory.
+exec "${binary}" -max_total_time="${seconds}" -timeout=25 -rss_limit_mb=2560 -print_final_stats=1 \
+  -artifact_prefix="${artifacts}/" "${work}" "${seeds}"

@@ -333,6 +333,14 @@ HostTopology load_hwloc_xml_text(const std::string& xml, const std::string& name
   if (host.hostname.empty()) host.hostname = name.substr(name.find_last_of('/') + 1);
   assign_nvlink_domains(&host);
   host.notes.push_back("replayed from XML: GPUs numbered in PCI bus order, NIC link rates unknown");
+  // Host records travel as JSON, which must be UTF-8: a name in the XML that is not failed later, in
+  // gtp-topo --json or a plan, with nlohmann's bare message (found by hwloc_xml_fuzz).
+  try {
+    (void)nlohmann::json(host).dump();
+  } catch (const nlohmann::json::type_error& error) {
+    throw std::invalid_argument("hwloc XML '" + name + "' has a name or info value that is not valid UTF-8 (" +
+                                error.what() + "): fix that text or re-export it with lstopo --of xml");
+  }
   return host;
 }
 

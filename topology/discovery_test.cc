@@ -161,6 +161,16 @@ TEST(Discovery, XmlThatCrashesHwlocIsAnErrorNamingTheFile) {
   EXPECT_EQ(host.source, "hwloc-xml:fixed.xml");
 }
 
+// Found by hwloc_xml_fuzz: the host record then failed to serialize with nlohmann's bare type_error.
+TEST(Discovery, XmlWithTextThatIsNotUtf8IsRefusedNamingTheFile) {
+  std::string xml = internal::kPuWithoutCompleteCpuset;
+  xml.replace(xml.find("cpuset=\"0x00000001\" nodeset"), 20, "cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\" ");
+  xml.insert(xml.find("<object type=\"NUMANode\""), "<info name=\"HostName\" value=\"h\xff\"/>\n    ");
+  const std::string error = error_of([&] { load_hwloc_xml_text(xml, "latin1.xml"); });
+  EXPECT_NE(error.find("hwloc XML 'latin1.xml' has a name or info value that is not valid UTF-8"), std::string::npos)
+      << error;
+}
+
 TEST(Discovery, XmlWithNulOrFromAFifoIsRefused) {
   EXPECT_NE(error_of([] { load_hwloc_xml_text(std::string("<topology", 9) + '\0' + "x", "n.xml"); })
                 .find("NUL byte at offset 9"),

@@ -42,6 +42,7 @@ struct Weight {
   int uses = 0;                   // outstanding BF16 materializations
   bool grad_out = false;          // grad buffer handed out, not finalized
   bool add_pending = false;       // finalized, not drained
+  bool direct = false;            // the grad buffer is the main grad (G = 1, UNINITIALIZED): no add follows
   bool exact = false;             // BF16 shard on the BF16 wire: materialize returns its bits
   std::vector<uint16_t> shard;    // BF16 or FP32 (two halves) payload
   std::vector<float> main_grad;   // empty: no main grad
@@ -54,12 +55,17 @@ struct Weight {
   std::abort();
 }
 
+// GTP_FUZZ_TRACE=1 prints every call and its status (to replay a finding step by step).
+const bool kTrace = std::getenv("GTP_FUZZ_TRACE") != nullptr;
+
 void expect(const std::string& call, gtp_status_t got, gtp_status_t want, gtp_context_t* ctx) {
+  if (kTrace) std::fprintf(stderr, "%s -> %s\n", call.c_str(), gtp_status_string(got));
   if (got != want) finding(call, got, gtp_status_string(want), ctx);
 }
 
 // Either of two statuses (where the docs leave the order of two checks open).
 void expect_either(const std::string& call, gtp_status_t got, gtp_status_t a, gtp_status_t b, gtp_context_t* ctx) {
+  if (kTrace) std::fprintf(stderr, "%s -> %s\n", call.c_str(), gtp_status_string(got));
   if (got != a && got != b) finding(call, got, std::string(gtp_status_string(a)) + " or " + gtp_status_string(b), ctx);
 }
 
@@ -107,7 +113,7 @@ class Program {
     const int wire = static_cast<int>(in_->below(6)) - 1;  // -1 FROM_GROUP .. 3 NVFP4, 4: not a wire
     const bool with_grad = in_->below(2) != 0;
     const bool null_shard = in_->below(8) == 7;
-    const bool sane_shape = w.rows >= 16 && w.rows % 16 == 0 && w.cols >= 32 && w.cols % 32 == 0;
+    const bool sane_shape = w.rows >= 16 && w.rows <= 64 && w.rows % 16 == 0 && w.cols >= 32 && w.cols % 32 == 0;
     const bool bad_shape = w.rows < 0 || w.cols < 0 || w.rows > (int64_t{1} << 40);
     gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
     desc.name = "w";
@@ -208,15 +214,13 @@ class Program {
     const std::string name = "gtp_materialize(n=" + std::to_string(ws.size()) + ", phase=" + std::to_string(phase) +
                              ", model_chunk=" + std::to_string(chunk) + (short_capacity ? ", short capacity" : "") + ")";
     if (aborted_) return call(name, got, GTP_ERROR_INVALID_STATE);
-    const bool stale = any_stale(picks, forged);
+    bool unpacked = false;  // call-order misuse ("never packed: call shard_updated after register")
+    for (size_t i : picks) unpacked |= i < weights_.size() && !weights_[i].packed;
+    const bool misuse = any_stale(picks, forged) || unpacked;
     const bool bad_argument = repeats(picks) || phase > 2 || chunk > 1023 || short_capacity;
-    if (stale && bad_argument) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
-    if (stale) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
+    if (misuse && bad_argument) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (misuse) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
     if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
-    bool unpacked = false;
-    for (size_t i : picks) unpacked |= !weights_[i].packed;
-    // Call-order misuse ("never packed: call shard_updated after register").
-    if (unpacked) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
     expect(name, got, GTP_SUCCESS, ctx_);
     if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one pointer per weight", ctx_);
     for (size_t k = 0; k < picks.size(); ++k) {
@@ -265,6 +269,8 @@ class Program {
         if (out.data[i] != 0.0f) finding(name + ": a new buffer is not zero-filled", got, "zeros", ctx_);
     }
     for (int64_t i = 0; i < w.rows * w.cols; ++i) out.data[i] = out.overwrite ? 1.0f : out.data[i] + 1.0f;
+    // On one rank an uninitialized buffer is the main grad itself (docs/c-abi.md, gtp_grad_buffer_ex).
+    if (!w.grad_out) w.direct = flags == GTP_GRAD_BUFFER_UNINITIALIZED;
     w.grad_out = true;
   }
 
@@ -284,7 +290,7 @@ class Program {
     expect("gtp_finalize", got, GTP_SUCCESS, ctx_);
     for (size_t i : picks) {
       weights_[i].grad_out = false;
-      weights_[i].add_pending = true;
+      weights_[i].add_pending = !weights_[i].direct;
     }
   }
 

@@ -4,6 +4,7 @@
 // call's status; a status outside the prediction is a finding (the process aborts, printing the call),
 // as is a crash, a leak or undefined behaviour. A materialized BF16 weight on the BF16 wire must be
 // bit-identical to its shard.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -39,7 +40,7 @@ struct Weight {
   gtp_weight_t handle{};
   bool registered = false;
   bool packed = false;            // shard_updated since register
-  int uses = 0;                   // outstanding BF16 materializations
+  int uses = 0;                   // outstanding materializations that include it
   bool grad_out = false;          // grad buffer handed out, not finalized
   bool add_pending = false;       // finalized, not drained
   bool direct = false;            // the grad buffer is the main grad (G = 1, UNINITIALIZED): no add follows
@@ -223,6 +224,7 @@ class Program {
     if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     expect(name, got, GTP_SUCCESS, ctx_);
     if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one pointer per weight", ctx_);
+    held_.push_back(picks);
     for (size_t k = 0; k < picks.size(); ++k) {
       Weight& w = weights_[picks[k]];
       ++w.uses;
@@ -240,12 +242,14 @@ class Program {
     const gtp_status_t got = gtp_release(ctx_, ws.data(), ws.size(), nullptr);
     if (aborted_) return call("gtp_release", got, GTP_ERROR_INVALID_STATE);
     const bool stale = any_stale(picks, forged), twice = repeats(picks);
-    bool unused = false;
-    for (size_t i : picks) unused |= weights_[i].uses == 0;
+    // A release names exactly the weights of one outstanding materialize, in its order.
+    const auto use = forged ? held_.end() : std::find(held_.begin(), held_.end(), picks);
+    const bool unused = use == held_.end();
     if (twice && (stale || unused)) return expect_either("gtp_release", got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     if (twice) return expect("gtp_release", got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     if (stale || unused) return expect("gtp_release", got, GTP_ERROR_INVALID_STATE, ctx_);
     expect("gtp_release", got, GTP_SUCCESS, ctx_);
+    held_.erase(use);
     for (size_t i : picks) --weights_[i].uses;
   }
 
@@ -327,6 +331,7 @@ class Program {
   gtp_context_t* ctx_;
   bool aborted_ = false;
   std::vector<Weight> weights_;
+  std::vector<std::vector<size_t>> held_;  // the weight lists of outstanding materializations
 };
 
 // The bootstrap vtable over a ThreadBootstrap of one rank.

@@ -50,6 +50,23 @@ struct Weight {
   int64_t rows = 0, cols = 0;
 };
 
+// An outstanding materialization: its weight list (in order) and layout.
+struct Use {
+  std::vector<size_t> picks;
+  int layout;
+  bool operator==(const Use& other) const { return picks == other.picks && layout == other.layout; }
+};
+
+// The bytes of a section: every one is read, so ASan checks the section's extent.
+size_t section_bytes(const gtp_section_t& s) {
+  switch (s.dtype) {
+    case GTP_ELEM_BF16: return static_cast<size_t>(s.rows * s.ld) * 2;
+    case GTP_ELEM_E2M1: return static_cast<size_t>(s.rows * s.ld) / 2;
+    case GTP_ELEM_FP32: return static_cast<size_t>(s.rows * s.ld) * 4;
+    default: return static_cast<size_t>(s.rows * s.ld);
+  }
+}
+
 [[noreturn]] void finding(const std::string& call, gtp_status_t got, const std::string& expected, gtp_context_t* ctx) {
   std::fprintf(stderr, "FINDING: %s returned %s, docs/c-abi.md says %s; last error: %s\n", call.c_str(),
                gtp_status_string(got), expected.c_str(), ctx ? gtp_last_error(ctx) : gtp_last_error(nullptr));
@@ -87,7 +104,8 @@ class Program {
       case 0: register_weight(); break;
       case 1: unregister(); break;
       case 2: shard_updated(); break;
-      case 3: case 4: materialize(); break;
+      case 3: materialize(); break;
+      case 4: materialize_views(); break;
       case 5: release(); break;
       case 6: grad_buffer(); break;
       case 7: finalize(); break;
@@ -224,7 +242,7 @@ class Program {
     if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     expect(name, got, GTP_SUCCESS, ctx_);
     if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one pointer per weight", ctx_);
-    held_.push_back(picks);
+    held_.push_back(Use{picks, GTP_LAYOUT_BF16});
     for (size_t k = 0; k < picks.size(); ++k) {
       Weight& w = weights_[picks[k]];
       ++w.uses;
@@ -234,21 +252,79 @@ class Program {
     }
   }
 
+  // gtp_materialize_views in either layout (2: not a layout), sometimes with a wrong struct_size.
+  void materialize_views() {
+    bool forged;
+    const std::vector<size_t> picks = pick(&forged);
+    if (picks.empty()) return;
+    const std::vector<gtp_weight_t> ws = handles(picks, forged);
+    const unsigned layout = in_->below(3);
+    const bool bad_struct = in_->below(16) == 15;
+    std::vector<gtp_materialized_t> out(ws.size(), GTP_MATERIALIZED_INITIALIZER);
+    if (bad_struct) out.back().struct_size = 8;
+    size_t count = 0;
+    const gtp_status_t got = gtp_materialize_views(ctx_, ws.data(), ws.size(), GTP_PHASE_BACKWARD, 0,
+                                                   static_cast<gtp_layout_t>(layout == 2 ? 5 : layout), out.data(),
+                                                   out.size(), &count, nullptr);
+    const std::string name = "gtp_materialize_views(n=" + std::to_string(ws.size()) + ", layout=" +
+                             std::to_string(layout) + (bad_struct ? ", a wrong struct_size" : "") + ")";
+    if (aborted_) return call(name, got, GTP_ERROR_INVALID_STATE);
+    bool unpacked = false;
+    for (size_t i : picks) unpacked |= !weights_[i].packed;
+    const bool misuse = any_stale(picks, forged) || unpacked;
+    const bool bad_argument = repeats(picks) || layout == 2 || bad_struct;
+    if (misuse && bad_argument) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (misuse) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
+    if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    expect(name, got, GTP_SUCCESS, ctx_);
+    if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one view per weight", ctx_);
+    held_.push_back(Use{picks, static_cast<int>(layout)});
+    for (size_t k = 0; k < picks.size(); ++k) {
+      Weight& w = weights_[picks[k]];
+      ++w.uses;
+      const gtp_materialized_t& v = out[k];
+      if (v.rows != w.rows || v.cols != w.cols || v.data.ptr == nullptr) {
+        finding(name + ": view " + std::to_string(k) + " has shape " + std::to_string(v.rows) + " x " +
+                    std::to_string(v.cols) + (v.data.ptr ? "" : " and no data"), got, "the weight's shape", ctx_);
+      }
+      unsigned sum = 0;
+      for (const gtp_section_t* section : {&v.data, &v.scales, &v.data_t, &v.scales_t, &v.decode_scales}) {
+        const auto* bytes = static_cast<const unsigned char*>(section->ptr);
+        for (size_t b = 0; bytes && b < section_bytes(*section); ++b) sum += bytes[b];
+      }
+      (void)sum;
+      if (w.exact && v.layout == GTP_LAYOUT_BF16 &&
+          std::memcmp(v.data.ptr, w.shard.data(), w.shard.size() * sizeof(uint16_t)) != 0) {
+        finding(name + ": the BF16 view differs from its shard", got, "bit-identical data", ctx_);
+      }
+    }
+  }
+
+  // gtp_release (mode 0, 1) or gtp_release_layout in BF16 (2), GEMM (3) or a layout that is none (4).
   void release() {
     bool forged;
     const std::vector<size_t> picks = pick(&forged);
     if (picks.empty()) return;
     const std::vector<gtp_weight_t> ws = handles(picks, forged);
-    const gtp_status_t got = gtp_release(ctx_, ws.data(), ws.size(), nullptr);
-    if (aborted_) return call("gtp_release", got, GTP_ERROR_INVALID_STATE);
-    const bool stale = any_stale(picks, forged), twice = repeats(picks);
-    // A release names exactly the weights of one outstanding materialize, in its order.
-    const auto use = forged ? held_.end() : std::find(held_.begin(), held_.end(), picks);
-    const bool unused = use == held_.end();
-    if (twice && (stale || unused)) return expect_either("gtp_release", got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
-    if (twice) return expect("gtp_release", got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
-    if (stale || unused) return expect("gtp_release", got, GTP_ERROR_INVALID_STATE, ctx_);
-    expect("gtp_release", got, GTP_SUCCESS, ctx_);
+    const unsigned mode = in_->below(5);
+    const int layout = mode < 2 ? -1 : mode == 4 ? 7 : static_cast<int>(mode) - 2;
+    const gtp_status_t got = layout < 0 ? gtp_release(ctx_, ws.data(), ws.size(), nullptr)
+                                        : gtp_release_layout(ctx_, ws.data(), ws.size(),
+                                                             static_cast<gtp_layout_t>(layout), nullptr);
+    const std::string name = layout < 0 ? "gtp_release" : "gtp_release_layout(" + std::to_string(layout) + ")";
+    if (aborted_) return call(name, got, GTP_ERROR_INVALID_STATE);
+    const bool stale = any_stale(picks, forged);
+    const bool bad_argument = repeats(picks) || layout == 7;
+    // A release names exactly the weights of one outstanding materialize, in its order; a plain
+    // release is refused when they are held in both layouts.
+    auto bf16 = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_BF16});
+    auto gemm = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_GEMM});
+    auto use = layout == GTP_LAYOUT_BF16 ? bf16 : layout == GTP_LAYOUT_GEMM ? gemm : bf16 != held_.end() ? bf16 : gemm;
+    const bool misuse = stale || use == held_.end() || (layout < 0 && bf16 != held_.end() && gemm != held_.end());
+    if (bad_argument && misuse) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (misuse) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
+    expect(name, got, GTP_SUCCESS, ctx_);
     held_.erase(use);
     for (size_t i : picks) --weights_[i].uses;
   }
@@ -331,7 +407,7 @@ class Program {
   gtp_context_t* ctx_;
   bool aborted_ = false;
   std::vector<Weight> weights_;
-  std::vector<std::vector<size_t>> held_;  // the weight lists of outstanding materializations
+  std::vector<Use> held_;  // outstanding materializations
 };
 
 // The bootstrap vtable over a ThreadBootstrap of one rank.

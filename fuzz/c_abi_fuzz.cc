@@ -437,16 +437,38 @@ gtp_bootstrap_callbacks_t callbacks_for(gtp::comm::Bootstrap* bootstrap) {
   return c;
 }
 
+// The input's last byte picks the create config: a good one (prefetch depth 0..3, microbatch
+// accumulation on or off) or one bad field, whose status is checked before the program ends.
+gtp_context_t* create(unsigned mode, const gtp_bootstrap_callbacks_t& callbacks) {
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &callbacks;
+  config.prefetch_depth = static_cast<int32_t>(mode % 4);
+  config.accumulate_microbatches = static_cast<int32_t>(mode / 4 % 2);
+  gtp_status_t want = GTP_ERROR_INVALID_ARGUMENT;
+  std::string what;
+  switch (mode % 16) {
+    case 10: config.struct_size -= 8; what = "struct_size"; break;
+    case 11: config.header_version += 100; want = GTP_ERROR_VERSION; what = "header_version"; break;
+    case 12: config.prefetch_depth = 65; what = "prefetch_depth=65"; break;
+    case 13: config.timeout_ms = 0; what = "timeout_ms=0"; break;
+    case 14: config.trace_spans = (size_t{1} << 24) + 1; what = "trace_spans=2^24+1"; break;
+    case 15: config.profile_json = "{}"; config.profile_path = "p.json"; what = "profile_json and profile_path"; break;
+    default: want = GTP_SUCCESS; what = "a good config"; break;
+  }
+  gtp_context_t* ctx = nullptr;
+  expect("gtp_context_create(" + what + ")", gtp_context_create(&config, &ctx), want, nullptr);
+  if (want != GTP_SUCCESS && ctx != nullptr) finding("gtp_context_create wrote *out on failure", want, "no context", nullptr);
+  return ctx;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto group = gtp::comm::ThreadBootstrap::create_group(1, std::chrono::milliseconds(10000));
   const gtp_bootstrap_callbacks_t callbacks = callbacks_for(group[0].get());
-  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
-  config.callbacks = &callbacks;
-  gtp_context_t* ctx = nullptr;
-  expect("gtp_context_create", gtp_context_create(&config, &ctx), GTP_SUCCESS, nullptr);
-  Bytes in(data, size);
+  gtp_context_t* ctx = create(size > 0 ? data[size - 1] : 0u, callbacks);
+  if (ctx == nullptr) return 0;
+  Bytes in(data, size > 0 ? size - 1 : 0);
   Program(&in, ctx).run();
   return 0;
 }

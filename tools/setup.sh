@@ -13,6 +13,8 @@ packages=(
   libbenchmark-dev     # microbenchmarks
   pkg-config           # the install test builds a C program with `pkg-config --cflags --libs gtp`
   cmake                # //bindings:cmake_test builds a C++ consumer with find_package(gtp CONFIG)
+  clang                # bazel test --config=fuzz //fuzz:all (libFuzzer targets, docs/reliability.md)
+  libclang-rt-dev      # clang's libFuzzer, ASan and UBSan runtimes
 )
 
 missing=()

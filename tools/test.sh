@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test (bazel test //...) and prints a summary counted from the test cases' XML reports,
-# ending with the skipped count and then the plain line "N passed, N failed".
+# Runs every test (bazel test //...), then fuzzes each //fuzz target for its bounded time under ASan +
+# UBSan (bazel test --config=fuzz, clang; docs/reliability.md), and prints a summary counted from the
+# test cases' XML reports of both runs, ending with the skipped count and the plain line
+# "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,8 +13,16 @@ export GTP_PYTHON
 
 bazel test //... "$@"
 status=$?
+main_logs="$(readlink -f bazel-testlogs)"
 
-python3 tools/test_summary.py bazel-testlogs $(bazel query 'tests(//...)' 2>/dev/null)
+# The fuzz configuration has its own output directory, so bazel-testlogs now points there.
+bazel test --config=fuzz //fuzz:all
+fuzz_status=$?
+fuzz_logs="$(readlink -f bazel-testlogs)"
+[ $status -eq 0 ] && status=$fuzz_status
+
+python3 tools/test_summary.py "$main_logs" $(bazel query 'tests(//...)' 2>/dev/null) \
+  --testlogs "$fuzz_logs" $(bazel query 'tests(//fuzz:all)' 2>/dev/null)
 summary_status=$?
 [ $status -eq 0 ] && status=$summary_status
 exit $status

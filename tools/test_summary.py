@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Counts test cases in the JUnit XML reports Bazel wrote for the given test targets."""
+"""Counts test cases in the JUnit XML reports Bazel wrote for the given test targets.
+
+Usage: test_summary.py TESTLOGS TARGET... [--testlogs OTHER_TESTLOGS TARGET...]: each --testlogs
+switches the directory the following targets' reports are read from (tools/test.sh reads the fuzz
+configuration's reports from its own output directory)."""
 import os
 import sys
 import xml.etree.ElementTree as ET
 
 
 def main() -> int:
-    testlogs, targets = sys.argv[1], sys.argv[2:]
+    testlogs, args = sys.argv[1], sys.argv[2:]
     passed = failed = skipped = 0
     missing = []
-    for target in targets:
+    while args:
+        target, args = args[0], args[1:]
+        if target == "--testlogs":
+            testlogs, args = args[0], args[1:]
+            continue
         package, _, name = target.lstrip("/").partition(":")
         path = os.path.join(testlogs, package, name, "test.xml")
         if not os.path.exists(path):

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -11,11 +12,15 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "topology/internal/child_probe.h"
 #include "topology/internal/gpu_driver.h"
+#include "topology/internal/json_text.h"
 
 namespace gtp::topology {
 namespace {
 
+// An hwloc export of a large machine loads in milliseconds; a minute means hwloc is stuck.
+constexpr std::chrono::milliseconds kHwlocTrialTimeout{60000};
 constexpr unsigned kNvidiaVendor = 0x10de;
 constexpr unsigned kPciClassVga = 0x0300, kPciClass3d = 0x0302;
 constexpr unsigned kPciClassEthernet = 0x0200, kPciClassInfiniband = 0x0207;
@@ -278,18 +283,64 @@ hwloc_topology_t live_topology() {
 }  // namespace
 
 HostTopology load_hwloc_xml(const std::string& path) {
-  if (!std::ifstream(path)) {
-    throw std::invalid_argument("cannot open hwloc XML file '" + path + "': check the path (lstopo --of xml writes one)");
+  return load_hwloc_xml_text(internal::read_regular_file(path, "hwloc XML file"), path);
+}
+
+HostTopology load_hwloc_xml_text(const std::string& xml, const std::string& name) {
+  if (static_cast<std::int64_t>(xml.size()) > internal::kMaxJsonBytes) {
+    throw std::invalid_argument("hwloc XML '" + name + "' is " + std::to_string(xml.size()) +
+                                " bytes, over the 64 MiB limit: is it the right file?");
   }
+  const size_t nul = xml.find('\0');
+  if (nul != std::string::npos) {
+    throw std::invalid_argument("hwloc XML '" + name + "' has a NUL byte at offset " + std::to_string(nul) +
+                                ": hwloc would ignore what follows it; re-export it with lstopo --of xml");
+  }
+  const std::string invalid = "'" + name + "' is not a valid hwloc XML topology: re-export it with lstopo --of xml";
+  // hwloc 2.9 crashes on some malformed XML (a PU without complete_cpuset segfaults in
+  // hwloc_bitmap_compare_first), so a forked child loads and reads these bytes first; this process
+  // loads them only after the child did so completely. hwloc's components load here, before the
+  // fork, so the child does not dlopen.
   HwlocTopology topology;
-  if (hwloc_topology_set_xml(topology.get(), path.c_str()) != 0 || hwloc_topology_load(topology.get()) != 0) {
-    throw std::invalid_argument("'" + path + "' is not a valid hwloc XML topology: re-export it with lstopo --of xml");
+  const int size = static_cast<int>(xml.size()) + 1;  // hwloc's buffer length counts the ending NUL
+  const internal::ChildOutcome trial = internal::run_in_child(
+      [&] {
+        if (hwloc_topology_set_xmlbuffer(topology.get(), xml.c_str(), size) != 0 ||
+            hwloc_topology_load(topology.get()) != 0) {
+          return false;
+        }
+        HostTopology host = read_host(topology.get(), /*nvlink_from_matrix=*/true);
+        assign_nvlink_domains(&host);
+        return true;
+      },
+      kHwlocTrialTimeout);
+  if (trial.kind == internal::ChildOutcome::kDied) {
+    throw std::invalid_argument("hwloc crashed with " + trial.how + " loading '" + name +
+                                "' (tried in a child process, so this one is unharmed): the XML is malformed, "
+                                "for example an object without its complete_cpuset; re-export it with lstopo --of xml");
+  }
+  if (trial.kind == internal::ChildOutcome::kTimedOut) {
+    throw std::invalid_argument("hwloc did not finish loading '" + name + "' within " +
+                                std::to_string(kHwlocTrialTimeout.count() / 1000) +
+                                " s (tried in a child process, which was killed): re-export it with lstopo --of xml");
+  }
+  if (trial.kind == internal::ChildOutcome::kFalse) throw std::invalid_argument(invalid);
+  if (hwloc_topology_set_xmlbuffer(topology.get(), xml.c_str(), size) != 0 || hwloc_topology_load(topology.get()) != 0) {
+    throw std::invalid_argument(invalid);
   }
   HostTopology host = read_host(topology.get(), /*nvlink_from_matrix=*/true);
-  host.source = "hwloc-xml:" + path;
-  if (host.hostname.empty()) host.hostname = path.substr(path.find_last_of('/') + 1);
+  host.source = "hwloc-xml:" + name;
+  if (host.hostname.empty()) host.hostname = name.substr(name.find_last_of('/') + 1);
   assign_nvlink_domains(&host);
   host.notes.push_back("replayed from XML: GPUs numbered in PCI bus order, NIC link rates unknown");
+  // Host records travel as JSON, which must be UTF-8: a name in the XML that is not failed later, in
+  // gtp-topo --json or a plan, with nlohmann's bare message (found by hwloc_xml_fuzz).
+  try {
+    (void)nlohmann::json(host).dump();
+  } catch (const nlohmann::json::type_error& error) {
+    throw std::invalid_argument("hwloc XML '" + name + "' has a name or info value that is not valid UTF-8 (" +
+                                error.what() + "): fix that text or re-export it with lstopo --of xml");
+  }
   return host;
 }
 

@@ -18,7 +18,13 @@ namespace gtp::topology {
 HostTopology discover_local();
 
 // A machine replayed from an hwloc XML export. GPUs are numbered in PCI bus order. Throws
-// std::invalid_argument when the file is missing or is not hwloc XML.
+// std::invalid_argument when the file is missing, not a regular file, over 64 MiB or is not hwloc XML.
+// hwloc crashes on some malformed XML, so the bytes are first loaded in a forked child: a crash, abort
+// or hang (60 s) there is an std::invalid_argument naming the file, and this process loads only XML
+// that the child loaded and read completely.
 HostTopology load_hwloc_xml(const std::string& path);
+
+// The same from XML text; `name` stands for the file in messages and in HostTopology::source.
+HostTopology load_hwloc_xml_text(const std::string& xml, const std::string& name);
 
 }  // namespace gtp::topology

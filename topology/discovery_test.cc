@@ -4,8 +4,10 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 
+#include "topology/internal/crashing_hwloc_xml.h"
 #include "topology/internal/gpu_driver.h"
 #include "topology/internal/test_fixtures.h"
 
@@ -129,6 +131,51 @@ TEST(Discovery, BadXmlInputIsInvalidArgument) {
   const std::string path = std::string(getenv("TEST_TMPDIR")) + "/broken.xml";
   std::ofstream(path) << "<topology><object type=\"Machine\"";
   EXPECT_THROW(load_hwloc_xml(path), std::invalid_argument);
+}
+
+std::string error_of(const std::function<void()>& load) {
+  try {
+    load();
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "";
+}
+
+// hwloc 2.9 segfaults on this XML; before the child-process trial this test died with SIGSEGV.
+TEST(Discovery, XmlThatCrashesHwlocIsAnErrorNamingTheFile) {
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/pu-without-complete-cpuset.xml";
+  std::ofstream(path) << internal::kPuWithoutCompleteCpuset;
+  const std::string error = error_of([&] { load_hwloc_xml(path); });
+  EXPECT_NE(error.find("hwloc crashed with signal"), std::string::npos) << error;
+  EXPECT_NE(error.find("'" + path + "'"), std::string::npos) << error;
+  EXPECT_NE(error.find("lstopo --of xml"), std::string::npos) << error;
+  // The same bytes from memory; and this process still works afterwards.
+  EXPECT_NE(error_of([] { load_hwloc_xml_text(internal::kPuWithoutCompleteCpuset, "mem"); }).find("'mem'"),
+            std::string::npos);
+  std::string fixed = internal::kPuWithoutCompleteCpuset;
+  fixed.replace(fixed.find("cpuset=\"0x00000001\" nodeset"), 20,
+                "cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\" ");
+  const HostTopology host = load_hwloc_xml_text(fixed, "fixed.xml");
+  EXPECT_EQ(host.numa_nodes.size(), 1u);
+  EXPECT_EQ(host.source, "hwloc-xml:fixed.xml");
+}
+
+// Found by hwloc_xml_fuzz: the host record then failed to serialize with nlohmann's bare type_error.
+TEST(Discovery, XmlWithTextThatIsNotUtf8IsRefusedNamingTheFile) {
+  std::string xml = internal::kPuWithoutCompleteCpuset;
+  xml.replace(xml.find("cpuset=\"0x00000001\" nodeset"), 20, "cpuset=\"0x00000001\" complete_cpuset=\"0x00000001\" ");
+  xml.insert(xml.find("<object type=\"NUMANode\""), "<info name=\"HostName\" value=\"h\xff\"/>\n    ");
+  const std::string error = error_of([&] { load_hwloc_xml_text(xml, "latin1.xml"); });
+  EXPECT_NE(error.find("hwloc XML 'latin1.xml' has a name or info value that is not valid UTF-8"), std::string::npos)
+      << error;
+}
+
+TEST(Discovery, XmlWithNulOrFromAFifoIsRefused) {
+  EXPECT_NE(error_of([] { load_hwloc_xml_text(std::string("<topology", 9) + '\0' + "x", "n.xml"); })
+                .find("NUL byte at offset 9"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load_hwloc_xml("/dev/zero"); }).find("is not a regular file"), std::string::npos);
 }
 
 TEST(Discovery, LiveMachineWorksWithoutGpuOrDriver) {

@@ -72,6 +72,10 @@ expect_json probe-live-json "d['source']=='live'" probe --json
 expect probe-missing-xml 1 'cannot open hwloc XML file' -- probe --xml "${tmp}/nope.xml"
 printf '<?xml version="1.0"?>\n<topology><object type="Machine"' > "${tmp}/broken.xml"
 expect probe-malformed-xml 1 'is not a valid hwloc XML topology' -- probe --xml "${tmp}/broken.xml"
+# hwloc 2.9 segfaults on a PU without complete_cpuset; gtp-topo died with SIGSEGV (exit 139) before.
+sed -n '/R"(<?xml/,/^<\/topology>/p' "${runfiles}/topology/internal/crashing_hwloc_xml.h" | sed 's/^.*R"(//' > "${tmp}/crash.xml"
+expect validate-xml-crashing-hwloc 1 "hwloc crashed with signal 11 .* loading '${tmp}/crash.xml'" -- validate "${tmp}/crash.xml"
+expect probe-xml-crashing-hwloc 1 'hwloc crashed with signal' -- probe --xml "${tmp}/crash.xml"
 
 # plan
 expect plan-dgx 0 'violations: 0 \(0 unresolved\)' -- plan --profile "${profiles}/dgx-h100-8gpu.json"

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "topology/internal/crashing_hwloc_xml.h"
 #include "topology/profile.h"
 
 namespace gtp::topology {
@@ -84,6 +85,18 @@ TEST(ProfileFile, OnlyRegularFilesOfBoundedSizeAreRead) {
   const std::string nul = temp_path("nul.json");
   std::ofstream(nul) << std::string("{}\0garbage", 10);
   EXPECT_HAS(error_of_file(nul), "byte 2 is a NUL");
+}
+
+// A profile's cluster.hwloc_xml that crashes hwloc 2.9: before the child-process trial, SIGSEGV.
+TEST(ProfileFile, HwlocXmlThatCrashesHwlocIsAnErrorNamingItsPath) {
+  std::ofstream(temp_path("crash.xml")) << internal::kPuWithoutCompleteCpuset;
+  const std::string profile = temp_path("crash-profile.json");
+  std::ofstream(profile) << R"({"schema_version": 1, "cluster": {"hwloc_xml": ["crash.xml"]},)"
+                         << R"( "parallel": {"world_size": 1}})";
+  const std::string error = error_of_file(profile);
+  EXPECT_HAS(error, "/cluster/hwloc_xml/0");
+  EXPECT_HAS(error, "hwloc crashed with signal");
+  EXPECT_HAS(error, "crash.xml");
 }
 
 }  // namespace

@@ -149,4 +149,30 @@ TEST(Hostile, ProfilesAreReadWithBoundedDepthFromRegularFilesOnly) {
   EXPECT_EQ(out, nullptr);
 }
 
+// Found by c_abi_fuzz: materializing before the first shard_updated is call-order misuse, which
+// docs/c-abi.md reports as INVALID_STATE; it was INVALID_ARGUMENT.
+TEST(Hostile, MaterializeBeforeShardUpdatedIsInvalidState) {
+  OneRank rank;
+  std::vector<uint16_t> shard(16 * 32);
+  gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+  desc.name = "fresh";
+  desc.shard = shard.data();
+  desc.rows = 16;
+  desc.cols = 32;
+  gtp_weight_t w{};
+  ASSERT_EQ(gtp_weight_register(rank.ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  void* ptr = nullptr;
+  size_t count = 0;
+  EXPECT_GTP_ERROR(gtp_materialize(rank.ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr),
+                   GTP_ERROR_INVALID_STATE, rank.ctx, "weight 'fresh' was never packed; call gtp_weights_shard_updated");
+  gtp_materialized_t view = GTP_MATERIALIZED_INITIALIZER;
+  EXPECT_GTP_ERROR(gtp_materialize_views(rank.ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &view, 1, &count, nullptr),
+                   GTP_ERROR_INVALID_STATE, rank.ctx, "never packed");
+  EXPECT_EQ(ptr, nullptr);  // nothing written
+  ASSERT_EQ(gtp_weights_shard_updated(rank.ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+  EXPECT_EQ(gtp_materialize(rank.ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, &ptr, 1, &count, nullptr), GTP_SUCCESS)
+      << gtp_last_error(rank.ctx);
+  EXPECT_EQ(gtp_release(rank.ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(rank.ctx);
+}
+
 }  // namespace

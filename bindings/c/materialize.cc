@@ -27,6 +27,14 @@ std::vector<WeightId> materialize_ids(const gtp_context_t& ctx, const gtp_weight
     require(false, "out_capacity is " + std::to_string(out_capacity) + " but the weights expand to " +
                        std::to_string(expanded) + " (experts follow their leader)");
   }
+  // Call order, not a bad value: INVALID_STATE like a release without materialize (found by c_abi_fuzz).
+  for (WeightId id : ids) {
+    const gtp::remat::Weight& w = ctx.runtime->registry().get(id);
+    if (w.version == 0) {
+      throw StateError("weight '" + w.desc.name +
+                       "' was never packed; call gtp_weights_shard_updated on it (collectively) after register");
+    }
+  }
   return ids;
 }
 

@@ -91,8 +91,38 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
       timeout_(timeout),
       streams_(device),
       events_(device) {
-  priorities.resize(groups_.size());  // none given: the device's greatest priority everywhere
   for (const CudaGroup& g : groups_) shapes_.push_back({g.gather->size(), g.gather->rank()});
+  start(std::move(priorities));
+}
+
+namespace {
+// A test transport's groups: no communicators (comms() only range-checks them).
+std::vector<CudaGroup> transport_groups(const DeviceCollectives* collectives, std::size_t priority_sets) {
+  if (collectives == nullptr) throw std::invalid_argument("CudaBackend: the test transport is null");
+  const std::size_t groups = static_cast<std::size_t>(collectives->group_count());
+  if (groups == 0) throw std::invalid_argument("CudaBackend: the test transport has no groups");
+  if (priority_sets != 0 && priority_sets != groups) {
+    throw std::invalid_argument("CudaBackend: " + std::to_string(priority_sets) + " stream priority sets for " +
+                                std::to_string(groups) + " groups; pass one per group, or none");
+  }
+  return std::vector<CudaGroup>(groups);
+}
+}  // namespace
+
+CudaBackend::CudaBackend(int device, std::unique_ptr<DeviceCollectives> collectives,
+                         std::vector<CudaStreamPriorities> priorities)
+    : device_(device),
+      groups_(transport_groups(collectives.get(), priorities.size())),
+      timeout_(0),
+      streams_(device),
+      events_(device),
+      collectives_(std::move(collectives)) {
+  for (int g = 0; g < collectives_->group_count(); ++g) shapes_.push_back({collectives_->size(g), collectives_->rank(g)});
+  start(std::move(priorities));
+}
+
+void CudaBackend::start(std::vector<CudaStreamPriorities> priorities) {
+  priorities.resize(groups_.size());  // none given: the device's greatest priority everywhere
   check(cudaSetDevice(device_), "cudaSetDevice");
   // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
   // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter, nor (each role
@@ -176,19 +206,25 @@ void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, cons
 }
 
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  comm::NcclComm& c = *comms(group).gather;
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) return collectives_->all_gather(on(stream), group, send, recv, bytes_per_rank);
+  comm::NcclComm& c = *g.gather;
   enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
            "ncclAllGather");
 }
 
 void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
-  comm::NcclComm& c = *comms(group).gather;
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) return collectives_->all_reduce_max(on(stream), group, data, count);
+  comm::NcclComm& c = *g.gather;
   enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), on(stream)),
            "ncclAllReduce(max)");
 }
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  comm::NcclComm& c = *comms(group).reduce_scatter;
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) return collectives_->reduce_scatter_mean(on(stream), group, send, recv, recv_count);
+  comm::NcclComm& c = *g.reduce_scatter;
   // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
   // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
   const ncclRedOp_t op = group_size(group) == 1 ? ncclSum : ncclAvg;
@@ -226,6 +262,10 @@ const CudaBackend::Live& CudaBackend::live(Event id) const {
 
 void CudaBackend::begin_collectives() {
   if (batching_) throw std::logic_error("CudaBackend: collective batches do not nest");
+  if (collectives_ != nullptr) {  // the test transport enqueues each collective as it is called
+    batching_ = true;
+    return;
+  }
   const ncclResult_t result = ncclGroupStart();
   if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
   batching_ = true;
@@ -234,6 +274,7 @@ void CudaBackend::begin_collectives() {
 
 void CudaBackend::end_collectives() {
   batching_ = false;
+  if (collectives_ != nullptr) return;
   const ncclResult_t result = ncclGroupEnd();
   if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
     for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);

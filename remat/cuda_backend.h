@@ -18,6 +18,7 @@
 #include "comm/nccl.h"
 #include "comm/streams.h"
 #include "remat/backend.h"
+#include "remat/device_collectives.h"
 
 namespace gtp::remat {
 
@@ -57,6 +58,11 @@ class CudaBackend : public Backend {
   // priorities[g] sets group g's side-stream priorities; empty: every group's side streams at the
   // device's greatest priority; any other count is std::invalid_argument (before any CUDA call).
   CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
+              std::vector<CudaStreamPriorities> priorities = {});
+  // TEST ONLY: the collectives go to `collectives` (a test transport, e.g. OneGpuRig's ranks, which
+  // sets the groups, sizes and ranks) instead of NCCL; everything else as above. Collective too (the
+  // warm-up). std::invalid_argument for a null transport or a bad priority count.
+  CudaBackend(int device, std::unique_ptr<DeviceCollectives> collectives,
               std::vector<CudaStreamPriorities> priorities = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
@@ -121,6 +127,8 @@ class CudaBackend : public Backend {
  private:
   // Throws std::invalid_argument for an unknown group.
   const CudaGroup& comms(int group) const;
+  // The constructors' shared tail: side streams, then the warm-up collectives.
+  void start(std::vector<CudaStreamPriorities> priorities);
   const std::pair<int, int>& shape(int group) const;  // (size, rank); throws for an unknown group
   void enqueued(comm::NcclComm& comm, int result, const char* what);
   struct Live {
@@ -148,6 +156,7 @@ class CudaBackend : public Backend {
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
   std::unordered_map<Graph, cudaGraphExec_t> graphs_;  // begin_graph / end_graph recordings
   Graph next_graph_ = 0;
+  std::unique_ptr<DeviceCollectives> collectives_;  // a test transport in NCCL's place; null: NCCL
 };
 
 // dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).

@@ -64,7 +64,7 @@ struct OneGpuRig::State {
   std::vector<Comm> comms;
   std::vector<std::vector<int>> comm_of;  // [world rank][2 * group + (reduce-scatter ? 1 : 0)]
   std::vector<std::vector<int>> rank_in;  // [world rank][group]: the group rank
-  std::vector<bool> handed_out;
+  std::vector<char> handed_out;  // char: ranks' threads may ask at once
   void* memory = nullptr;
   rig::TimeoutReport* report = nullptr;  // mapped host memory
   rig::TimeoutReport* report_device = nullptr;
@@ -212,7 +212,7 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
   s.group_count = static_cast<int>(groups.size());
   s.comm_of.assign(world, std::vector<int>(2 * groups.size()));
   s.rank_in.assign(world, std::vector<int>(groups.size()));
-  s.handed_out.assign(world, false);
+  s.handed_out.assign(world, 0);
   std::size_t words = 1;  // word 0: scratch for the memory-operation probe
   for (std::size_t g = 0; g < groups.size(); ++g) {
     for (std::size_t p = 0; p < groups[g].size(); ++p) {
@@ -269,7 +269,7 @@ std::unique_ptr<DeviceCollectives> OneGpuRig::transport(int rank) {
     throw std::invalid_argument("OneGpuRig: transport(" + std::to_string(rank) + "): not a rank of 0.." +
                                 std::to_string(world_ - 1) + ", or already handed out");
   }
-  state_->handed_out[rank] = true;
+  state_->handed_out[rank] = 1;
   return std::make_unique<Transport>(*state_, rank);
 }
 

@@ -14,6 +14,9 @@ void launched(const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string("one-GPU rig ") + what + ": " + cudaGetErrorString(error));
 }
 
+// A peer's pointer, published by a stream write or another kernel: read past the L1 cache.
+__device__ const void* peer(const void* const* ptrs, int r) { return *reinterpret_cast<const void* const volatile*>(&ptrs[r]); }
+
 __device__ long long now_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -51,11 +54,11 @@ __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish
 
 __global__ void gather(const void* const* ptrs, int size, unsigned char* recv, std::int64_t bytes) {
   bool aligned = reinterpret_cast<std::uintptr_t>(recv) % 16 == 0 && bytes % 16 == 0;
-  for (int r = 0; r < size; ++r) aligned = aligned && reinterpret_cast<std::uintptr_t>(ptrs[r]) % 16 == 0;
+  for (int r = 0; r < size; ++r) aligned = aligned && reinterpret_cast<std::uintptr_t>(peer(ptrs, r)) % 16 == 0;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   for (int r = 0; r < size; ++r) {
-    const unsigned char* src = static_cast<const unsigned char*>(ptrs[r]);
+    const unsigned char* src = static_cast<const unsigned char*>(peer(ptrs, r));
     unsigned char* dst = recv + r * bytes;
     if (src == dst) continue;  // in place: this rank's own segment
     if (aligned) {
@@ -72,8 +75,8 @@ __global__ void reduce_scatter(const void* const* ptrs, int size, int rank, floa
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
     const std::int64_t at = rank * count + i;
-    float sum = static_cast<const float*>(ptrs[(rank + 1) % size])[at];
-    for (int k = 2; k <= size; ++k) sum = __fadd_rn(sum, static_cast<const float*>(ptrs[(rank + k) % size])[at]);
+    float sum = static_cast<const float*>(peer(ptrs, (rank + 1) % size))[at];
+    for (int k = 2; k <= size; ++k) sum = __fadd_rn(sum, static_cast<const float*>(peer(ptrs, (rank + k) % size))[at]);
     recv[i] = __fdiv_rn(sum, static_cast<float>(size));
   }
 }
@@ -88,9 +91,9 @@ __global__ void reduce_max(const void* const* ptrs, int size, int rank, std::int
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x * size;
   for (std::int64_t i = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * size + rank; i < count;
        i += stride) {
-    float m = static_cast<const float*>(ptrs[0])[i];
-    for (int r = 1; r < size; ++r) m = nan_max(m, static_cast<const float*>(ptrs[r])[i]);
-    for (int r = 0; r < size; ++r) static_cast<float*>(const_cast<void*>(ptrs[r]))[i] = m;
+    float m = static_cast<const float*>(peer(ptrs, 0))[i];
+    for (int r = 1; r < size; ++r) m = nan_max(m, static_cast<const float*>(peer(ptrs, r))[i]);
+    for (int r = 0; r < size; ++r) static_cast<float*>(const_cast<void*>(peer(ptrs, r)))[i] = m;
   }
 }
 

@@ -124,7 +124,7 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   const int g = GetParam();
-  for (OneGpuRig::Flags flags : {OneGpuRig::Flags::kAuto, OneGpuRig::Flags::kKernels}) {
+  for (OneGpuRig::Flags flags : testing::rig_flag_modes()) {
     OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(30));
     std::printf("G = %d, flags by %s\n", g, rig.flags().c_str());
     const std::vector<Round> rounds = {{16, 8, 1}, {4096, 1000, 2}, {3, 1, 3}, {1000003, 77777, 4}};
@@ -179,7 +179,7 @@ TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
 TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  for (OneGpuRig::Flags flags : {OneGpuRig::Flags::kAuto, OneGpuRig::Flags::kKernels}) {
+  for (OneGpuRig::Flags flags : testing::rig_flag_modes()) {
     const int g = 4;
     const std::int64_t count = 3000;
     OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(30));

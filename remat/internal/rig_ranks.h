@@ -10,12 +10,30 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "remat/one_gpu_rig.h"
 
 namespace gtp::remat::testing {
+
+// GTP_RIG_FLAGS=kernels or memops forces how the rig raises its flags (bench/rig_h200.sh runs both);
+// unset or anything else: kAuto.
+inline OneGpuRig::Flags rig_flags_from_env() {
+  const char* v = std::getenv("GTP_RIG_FLAGS");
+  const std::string value = v == nullptr ? "" : v;
+  if (value == "kernels") return OneGpuRig::Flags::kKernels;
+  if (value == "memops") return OneGpuRig::Flags::kStreamMemOps;
+  return OneGpuRig::Flags::kAuto;
+}
+
+// The flag modes a rig test covers: the one GTP_RIG_FLAGS names, else both kAuto and kKernels.
+inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
+  const char* v = std::getenv("GTP_RIG_FLAGS");
+  if (v != nullptr && *v != '\0') return {rig_flags_from_env()};
+  return {OneGpuRig::Flags::kAuto, OneGpuRig::Flags::kKernels};
+}
 
 // Runs body(rank) for every rank of `rig` on its own thread; rethrows the first rank's exception.
 inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& body,

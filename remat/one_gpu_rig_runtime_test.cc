@@ -1,0 +1,376 @@
+// Every multi-rank device path of the runtime on ONE GPU, through the one-GPU rig (a test double for
+// NCCL, remat/one_gpu_rig.h): G = 2, 4, 8 ranks as threads, each with its own CudaBackend, run the
+// same calls on the same inputs as G host-backend ranks (HostBackend over HostComm, the reference),
+// and every rank's materialized weights (every materialize of every step) and main grads must equal
+// the host's bit for bit. Cases: the four wires (BF16, FP8, MXFP8, NVFP4); a weight of 5 rows, so
+// ranks hold only padding rows; the pooled grad path (zero-filled buffers, reduce-scatter mean) and
+// undefined buffers written by the consumer; wgrads accumulated over microbatches or reduced each;
+// keep_gathered; lazy packs (every step re-packs, in varying orders); fill graphs; a step captured
+// into a CUDA graph and replayed. Skips without a GPU, printing why.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/host.h"
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
+#include "kernels/cuda_kernels.h"
+#include "remat/cuda_backend.h"
+#include "remat/host_backend.h"
+#include "remat/internal/rig_ranks.h"
+#include "remat/one_gpu_rig.h"
+#include "remat/runtime.h"
+
+namespace gtp::remat {
+namespace {
+
+struct Shape {
+  std::int64_t rows, cols;
+};
+// Layer 1 has 5 rows: at G = 8 ranks 5..7 (BF16), and at G >= 2 every rank but 0 (row-blocked
+// quantized wires), hold only padding rows.
+const std::vector<Shape>& shapes() {
+  static const std::vector<Shape> s = {{40, 64}, {5, 64}, {72, 128}};
+  return s;
+}
+
+struct Case {
+  int ranks = 2;
+  kernels::WireSpec wire{kernels::WireFormat::kBF16};
+  int depth = 1;
+  bool keep_gathered = false;
+  std::int64_t fill_graphs = 0;
+  GradInit grad_init = GradInit::kZero;
+  bool accumulate = true;
+  bool capture = false;  // rig only: step kCaptured is captured, later ones replay it
+  int microbatches = 2;
+  int steps = 5;
+};
+constexpr int kCaptured = 2;
+
+std::vector<float> normal_values(std::int64_t n, unsigned seed, float sigma) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+std::vector<float> full_weight(int layer, int step) {
+  return normal_values(shapes()[layer].rows * shapes()[layer].cols, 1000 * layer + step + 1, 1.0f + layer);
+}
+// The wgrad this rank's consumer writes or adds for (step, microbatch, layer).
+std::vector<float> contribution(int step, int rank, int mb, int layer) {
+  return normal_values(shapes()[layer].rows * shapes()[layer].cols, 7919 * step + 104729 * rank + 31 * mb + layer, 0.5f);
+}
+
+// What one rank saw: every materialized weight (BF16 bytes, in call order) and its main grads after
+// every step (its valid rows).
+struct Seen {
+  std::vector<std::vector<unsigned char>> weights;
+  std::vector<std::vector<float>> main_grads;
+};
+
+// One rank's run on either backend. `device`: buffers are device memory and the consumer is `stream`
+// (every copy is ordered on it); else host memory, copies at once. Returns what the rank saw.
+Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, const Case& c) {
+  const auto copy = [&](void* dst, const void* src, std::int64_t bytes) {
+    if (device) {
+      EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), cudaSuccess);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  };
+  const auto sync = [&] {
+    if (device) {
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    }
+  };
+  RuntimeConfig config;
+  config.depth = c.depth;
+  config.keep_gathered = c.keep_gathered;
+  config.fill_graphs = c.fill_graphs;
+  config.grads.accumulate_microbatches = c.accumulate;
+  Runtime runtime(backend, config);
+  const int layers = static_cast<int>(shapes().size());
+  std::vector<WeightId> ids;
+  std::vector<void*> shards, main_grads;
+  std::vector<std::int64_t> valid(layers), first(layers);
+  // Buffers of the test (not the runtime's) from the backend: device or host memory alike.
+  std::vector<std::pair<void*, std::int64_t>> owned;
+  const auto buffer = [&](std::int64_t bytes) {
+    owned.emplace_back(backend.allocate(bytes), bytes);
+    return owned.back().first;
+  };
+  for (int l = 0; l < layers; ++l) {
+    const Shape s = shapes()[l];
+    const auto geometry = kernels::weight_geometry(c.wire.format, s.rows, s.cols, c.ranks);
+    valid[l] = geometry.valid_rows(rank);
+    first[l] = rank * geometry.shard_rows;
+    shards.push_back(buffer(std::max<std::int64_t>(valid[l], 1) * s.cols * 4));
+    main_grads.push_back(buffer(std::max<std::int64_t>(valid[l], 1) * s.cols * 4));
+    WeightDesc desc;
+    desc.name = "layer" + std::to_string(l);
+    desc.shard = shards.back();
+    desc.dtype = kernels::SourceDtype::kFP32;
+    desc.rows = s.rows;
+    desc.cols = s.cols;
+    desc.wire = c.wire;
+    desc.main_grad = static_cast<float*>(main_grads.back());
+    ids.push_back(runtime.register_weight(desc));
+  }
+  // Per (microbatch, layer): the consumer's wgrad input, and per (microbatch, phase, layer) a copy of
+  // what materialize returned, written on the consumer stream (so a captured step copies too).
+  std::vector<void*> wgrads, copies;
+  for (int mb = 0; mb < c.microbatches; ++mb) {
+    for (int l = 0; l < layers; ++l) wgrads.push_back(buffer(shapes()[l].rows * shapes()[l].cols * 4));
+    for (int phase = 0; phase < 2; ++phase)
+      for (int l = 0; l < layers; ++l) copies.push_back(buffer(shapes()[l].rows * shapes()[l].cols * 2));
+  }
+
+  // The optimizer's side, eager: new shards and wgrads, zeroed main grads, the re-pack (lazy: the
+  // pack runs at each weight's next gather), in an order that changes with the step.
+  const auto prepare = [&](int step) {
+    for (int l = 0; l < layers; ++l) {
+      const auto full = full_weight(l, step);
+      copy(shards[l], full.data() + first[l] * shapes()[l].cols, valid[l] * shapes()[l].cols * 4);
+      const std::vector<float> zeros(std::max<std::int64_t>(valid[l], 1) * shapes()[l].cols, 0.0f);
+      copy(main_grads[l], zeros.data(), zeros.size() * 4);
+      for (int mb = 0; mb < c.microbatches; ++mb) {
+        const auto g = contribution(step, rank, mb, l);
+        copy(wgrads[mb * layers + l], g.data(), g.size() * 4);
+      }
+    }
+    sync();
+    std::vector<WeightId> order = ids;
+    if (step % 3 == 1) std::reverse(order.begin(), order.end());
+    if (step % 3 == 2) {
+      for (WeightId id : order) runtime.shard_updated(&id, 1, stream);
+    } else {
+      runtime.shard_updated(order.data(), layers, stream);
+    }
+  };
+  // The step's runtime calls and consumer work, all on `stream`.
+  const auto body = [&] {
+    for (int mb = 0; mb < c.microbatches; ++mb) {
+      for (int l = 0; l < layers; ++l) {
+        const auto w = runtime.materialize(&ids[l], 1, Phase::kForward, 0, Layout::kBF16, stream);
+        copy(copies[(mb * 2) * layers + l], w[0], shapes()[l].rows * shapes()[l].cols * 2);
+        runtime.release(&ids[l], 1, stream);
+      }
+      for (int l = layers - 1; l >= 0; --l) {
+        const std::int64_t n = shapes()[l].rows * shapes()[l].cols;
+        const auto w = runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, stream);
+        copy(copies[(mb * 2 + 1) * layers + l], w[0], n * 2);
+        const GradBuffer g = runtime.grad_buffer(ids[l], stream, c.grad_init);
+        const auto* src = static_cast<const float*>(wgrads[mb * layers + l]);
+        if (g.overwrite) {
+          copy(g.data, src, n * 4);
+        } else {
+          backend.add(stream, src, g.data, n);
+        }
+        runtime.release(&ids[l], 1, stream);
+        runtime.finalize(&ids[l], 1, !c.accumulate || mb == c.microbatches - 1, stream);
+      }
+    }
+    runtime.drain(stream);
+  };
+  // Copies on the rank's own stream only: the legacy default stream or a device-wide synchronization
+  // could wait for a peer that waits for this rank.
+  const auto collect = [&](Seen& seen) {
+    for (std::size_t i = 0; i < copies.size(); ++i) {
+      const std::int64_t bytes = shapes()[i % layers].rows * shapes()[i % layers].cols * 2;
+      seen.weights.emplace_back(bytes);
+      copy(seen.weights.back().data(), copies[i], bytes);
+    }
+    for (int l = 0; l < layers; ++l) {
+      seen.main_grads.emplace_back(valid[l] * shapes()[l].cols);
+      copy(seen.main_grads.back().data(), main_grads[l], valid[l] * shapes()[l].cols * 4);
+    }
+    sync();
+  };
+
+  Seen seen;
+  cudaGraphExec_t exec = nullptr;
+  for (int step = 0; step < c.steps; ++step) {
+    prepare(step);
+    if (c.capture && step > kCaptured) runtime.drain(stream);  // orders the replay after the re-pack
+    if (!c.capture || step < kCaptured) {
+      body();
+    } else if (step == kCaptured) {
+      // The capture rule (docs/remat.md): the last eager drain's stream is synchronized first.
+      sync();
+      EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      try {
+        body();
+      } catch (...) {
+        cudaGraph_t broken = nullptr;
+        cudaStreamEndCapture(stream, &broken);
+        if (broken != nullptr) cudaGraphDestroy(broken);
+        throw;
+      }
+      cudaGraph_t graph = nullptr;
+      EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    } else {
+      EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    }
+    collect(seen);
+  }
+  sync();
+  if (exec != nullptr) cudaGraphExecDestroy(exec);
+  const RuntimeStats stats = runtime.stats();
+  EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
+  EXPECT_GT(runtime.grads_stats().reduce_scatters, 0);
+  if (c.keep_gathered) {
+    EXPECT_GT(stats.kept_hits, 0) << runtime.stats_json();
+  }
+  if (c.fill_graphs > 0) {
+    EXPECT_GT(runtime.group_stats(0).graph_fills, 0) << runtime.stats_json();
+  }
+  for (auto& [ptr, bytes] : owned) backend.deallocate(ptr, bytes);
+  return seen;
+}
+
+std::string describe(const Case& c) {
+  return "G=" + std::to_string(c.ranks) + " " + kernels::to_string(c.wire) + " depth " + std::to_string(c.depth) +
+         (c.keep_gathered ? " keep_gathered" : "") + (c.fill_graphs ? " fill_graphs" : "") +
+         (c.grad_init == GradInit::kUndefined ? " undefined grads" : " zeroed grads") +
+         (c.accumulate ? " accumulated" : " per microbatch") + (c.capture ? " captured" : "");
+}
+
+// Runs the case on G host ranks and on G rig ranks and compares every rank's view.
+void compare(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  std::vector<Seen> host(c.ranks), rig_seen(c.ranks);
+  {
+    const auto timeout = std::chrono::milliseconds(60000);
+    auto group = comm::ThreadBootstrap::create_group(c.ranks, timeout);
+    comm::internal::rethrow_first(comm::internal::run_ranks(c.ranks, [&](int rank) {
+      comm::HostComm comm(*group[rank], timeout);
+      HostBackend backend({&comm});
+      Case eager = c;
+      eager.capture = false;  // the reference runs every step eagerly
+      host[rank] = run_rank(backend, false, nullptr, rank, eager);
+    }));
+  }
+  OneGpuRig rig(0, c.ranks, {}, testing::rig_flags_from_env());
+  testing::on_rig_ranks(rig, [&](int rank) {
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    {
+      CudaBackend backend(0, rig.transport(rank));
+      rig_seen[rank] = run_rank(backend, true, stream, rank, c);
+    }
+    cudaStreamDestroy(stream);
+  });
+  bool nonzero = false;
+  for (int rank = 0; rank < c.ranks; ++rank) {
+    ASSERT_EQ(rig_seen[rank].weights.size(), host[rank].weights.size());
+    for (std::size_t i = 0; i < host[rank].weights.size(); ++i) {
+      ASSERT_TRUE(rig_seen[rank].weights[i] == host[rank].weights[i])
+          << "rank " << rank << " materialize " << i << " (step " << i / (shapes().size() * 2 * c.microbatches)
+          << ") differs from the host backend's";
+    }
+    ASSERT_EQ(rig_seen[rank].main_grads.size(), host[rank].main_grads.size());
+    for (std::size_t i = 0; i < host[rank].main_grads.size(); ++i) {
+      const auto& a = rig_seen[rank].main_grads[i];
+      const auto& b = host[rank].main_grads[i];
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_TRUE(a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0)
+          << "rank " << rank << " main grad " << i % shapes().size() << " after step " << i / shapes().size()
+          << " differs from the host backend's";
+      nonzero = nonzero || std::any_of(b.begin(), b.end(), [](float x) { return x != 0.0f; });
+    }
+  }
+  EXPECT_TRUE(nonzero) << "the reference main grads are all zero: the comparison would be vacuous";
+}
+
+bool skip(std::string* why) { return !kernels::cuda_device_available(why); }
+
+class RigRuntime : public ::testing::TestWithParam<int> {};
+
+// Every wire at G ranks, zeroed (pooled) grads accumulated over microbatches; padding-only ranks.
+TEST_P(RigRuntime, EveryWireMatchesTheHostBackend) {
+  std::string why;
+  if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  using kernels::WireFormat;
+  for (const kernels::WireSpec& wire :
+       {kernels::WireSpec{WireFormat::kBF16}, kernels::WireSpec{WireFormat::kFP8},
+        kernels::WireSpec{WireFormat::kMXFP8, kernels::ScaleRounding::kFloor},
+        kernels::WireSpec{WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D}}) {
+    Case c;
+    c.ranks = GetParam();
+    c.wire = wire;
+    const auto geometry = kernels::weight_geometry(wire.format, shapes()[1].rows, shapes()[1].cols, c.ranks);
+    ASSERT_EQ(geometry.valid_rows(c.ranks - 1), 0) << "the last rank must hold only padding rows of layer 1";
+    compare(c);
+  }
+}
+
+// Undefined grad buffers written by the consumer, reduced every microbatch; depth 2.
+TEST_P(RigRuntime, UndefinedGradsPerMicrobatchMatchTheHostBackend) {
+  std::string why;
+  if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Case c;
+  c.ranks = GetParam();
+  c.wire = {kernels::WireFormat::kFP8};
+  c.grad_init = GradInit::kUndefined;
+  c.accumulate = false;
+  c.depth = 2;
+  compare(c);
+}
+
+TEST_P(RigRuntime, KeepGatheredMatchesTheHostBackend) {
+  std::string why;
+  if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  Case c;
+  c.ranks = GetParam();
+  c.wire = {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D};
+  c.keep_gathered = true;
+  compare(c);
+}
+
+TEST_P(RigRuntime, FillGraphsMatchTheHostBackend) {
+  std::string why;
+  if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (kernels::WireFormat format : {kernels::WireFormat::kBF16, kernels::WireFormat::kMXFP8}) {
+    Case c;
+    c.ranks = GetParam();
+    c.wire = {format};
+    c.fill_graphs = 64;
+    compare(c);
+  }
+}
+
+// A step captured into a CUDA graph with real peers (collectives, reduce-scatters and all), replayed
+// for the later steps; with and without fill graphs, zeroed and undefined grads.
+TEST_P(RigRuntime, CapturedStepReplaysMatchTheHostBackend) {
+  std::string why;
+  if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (bool fill_graphs : {false, true}) {
+    Case c;
+    c.ranks = GetParam();
+    c.wire = {fill_graphs ? kernels::WireFormat::kBF16 : kernels::WireFormat::kFP8};
+    c.capture = true;
+    c.fill_graphs = fill_graphs ? 64 : 0;
+    c.grad_init = fill_graphs ? GradInit::kUndefined : GradInit::kZero;
+    c.steps = 6;
+    compare(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RigRuntime, ::testing::Values(2, 4, 8),
+                         [](const ::testing::TestParamInfo<int>& info) { return "G" + std::to_string(info.param); });
+
+}  // namespace
+}  // namespace gtp::remat

@@ -10,6 +10,7 @@ targets=(
   //topology:gtp-topo //remat:cuda_backend_test //remat:cuda_stream_capture_test //remat:cuda_fill_graphs_test //remat:cuda_graph_test //bindings/c:gtp_cuda_test //bindings/c:gtp_cuda_graph_test
   //bindings/c:gtp_fp8_gemm_test
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
+  //remat:one_gpu_rig_test //remat:one_gpu_rig_runtime_test //bench/overlap:gtp-overlap-bench-rig
 )
 bazel build -c opt "${targets[@]}"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib

@@ -50,6 +50,7 @@ struct Case {
   GradInit grad_init = GradInit::kZero;
   bool accumulate = true;
   bool capture = false;  // rig only: step kCaptured is captured, later ones replay it
+  bool gemm_backward = false;  // the backward materializes the GEMM-ready layout (quantized wires)
   int microbatches = 2;
   int steps = 5;
 };
@@ -76,6 +77,8 @@ struct Seen {
   std::vector<std::vector<unsigned char>> weights;
   std::vector<std::vector<float>> main_grads;
 };
+
+bool gemm_layout(const Case& c) { return c.gemm_backward && c.wire.format != kernels::WireFormat::kBF16; }
 
 // One rank's run on either backend. `device`: buffers are device memory and the consumer is `stream`
 // (every copy is ordered on it); else host memory, copies at once. Returns what the rank saw.
@@ -127,11 +130,26 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
   }
   // Per (microbatch, layer): the consumer's wgrad input, and per (microbatch, phase, layer) a copy of
   // what materialize returned, written on the consumer stream (so a captured step copies too).
+  // The backward's copy holds every section of the GEMM-ready layout, one after another.
+  std::vector<std::int64_t> copy_bytes;  // [phase * layers + layer]
+  for (int phase = 0; phase < 2; ++phase) {
+    for (int l = 0; l < layers; ++l) {
+      const std::int64_t bf16 = shapes()[l].rows * shapes()[l].cols * 2;
+      if (phase == 0 || !gemm_layout(c)) {
+        copy_bytes.push_back(bf16);
+        continue;
+      }
+      const auto geometry = kernels::weight_geometry(c.wire.format, shapes()[l].rows, shapes()[l].cols, c.ranks);
+      const kernels::GemmLayoutSizes g = kernels::gemm_layout_sizes(c.wire, geometry);
+      copy_bytes.push_back(g.data_bytes + g.scales_bytes + g.transposed_data_bytes + g.transposed_scales_bytes +
+                           g.decode_scale_count * 4);
+    }
+  }
   std::vector<void*> wgrads, copies;
   for (int mb = 0; mb < c.microbatches; ++mb) {
     for (int l = 0; l < layers; ++l) wgrads.push_back(buffer(shapes()[l].rows * shapes()[l].cols * 4));
     for (int phase = 0; phase < 2; ++phase)
-      for (int l = 0; l < layers; ++l) copies.push_back(buffer(shapes()[l].rows * shapes()[l].cols * 2));
+      for (int l = 0; l < layers; ++l) copies.push_back(buffer(copy_bytes[phase * layers + l]));
   }
 
   // The optimizer's side, eager: new shards and wgrads, zeroed main grads, the re-pack (lazy: the
@@ -166,8 +184,22 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
       }
       for (int l = layers - 1; l >= 0; --l) {
         const std::int64_t n = shapes()[l].rows * shapes()[l].cols;
-        const auto w = runtime.materialize(&ids[l], 1, Phase::kBackward, 0, Layout::kBF16, stream);
-        copy(copies[(mb * 2 + 1) * layers + l], w[0], n * 2);
+        const Layout layout = gemm_layout(c) ? Layout::kGemm : Layout::kBF16;
+        const Materialized w = runtime.materialize_views(&ids[l], 1, Phase::kBackward, 0, layout, stream)[0];
+        auto* into = static_cast<unsigned char*>(copies[(mb * 2 + 1) * layers + l]);
+        if (layout == Layout::kBF16) {
+          copy(into, w.data, n * 2);
+        } else {  // every section, as the consumer's GEMM would read it
+          const kernels::GemmLayoutSizes& g = w.gemm;
+          const std::pair<const void*, std::int64_t> sections[] = {
+              {w.data, g.data_bytes}, {w.scales, g.scales_bytes}, {w.transposed_data, g.transposed_data_bytes},
+              {w.transposed_scales, g.transposed_scales_bytes}, {w.decode_scales, g.decode_scale_count * 4}};
+          for (const auto& [ptr, bytes] : sections) {
+            if (bytes == 0) continue;
+            copy(into, ptr, bytes);
+            into += bytes;
+          }
+        }
         const GradBuffer g = runtime.grad_buffer(ids[l], stream, c.grad_init);
         const auto* src = static_cast<const float*>(wgrads[mb * layers + l]);
         if (g.overwrite) {
@@ -185,7 +217,7 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
   // could wait for a peer that waits for this rank.
   const auto collect = [&](Seen& seen) {
     for (std::size_t i = 0; i < copies.size(); ++i) {
-      const std::int64_t bytes = shapes()[i % layers].rows * shapes()[i % layers].cols * 2;
+      const std::int64_t bytes = copy_bytes[i % (2 * layers)];
       seen.weights.emplace_back(bytes);
       copy(seen.weights.back().data(), copies[i], bytes);
     }
@@ -244,7 +276,8 @@ std::string describe(const Case& c) {
   return "G=" + std::to_string(c.ranks) + " " + kernels::to_string(c.wire) + " depth " + std::to_string(c.depth) +
          (c.keep_gathered ? " keep_gathered" : "") + (c.fill_graphs ? " fill_graphs" : "") +
          (c.grad_init == GradInit::kUndefined ? " undefined grads" : " zeroed grads") +
-         (c.accumulate ? " accumulated" : " per microbatch") + (c.capture ? " captured" : "");
+         (c.accumulate ? " accumulated" : " per microbatch") + (c.capture ? " captured" : "") +
+         (c.gemm_backward ? " GEMM-ready backward" : "");
 }
 
 // Runs the case on G host ranks and on G rig ranks and compares every rank's view.
@@ -299,7 +332,8 @@ bool skip(std::string* why) { return !kernels::cuda_device_available(why); }
 
 class RigRuntime : public ::testing::TestWithParam<int> {};
 
-// Every wire at G ranks, zeroed (pooled) grads accumulated over microbatches; padding-only ranks.
+// Every wire at G ranks, zeroed (pooled) grads accumulated over microbatches; padding-only ranks; the
+// backward in the GEMM-ready layout (every section, decode scales of G chunks included).
 TEST_P(RigRuntime, EveryWireMatchesTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -311,6 +345,7 @@ TEST_P(RigRuntime, EveryWireMatchesTheHostBackend) {
     Case c;
     c.ranks = GetParam();
     c.wire = wire;
+    c.gemm_backward = true;
     const auto geometry = kernels::weight_geometry(wire.format, shapes()[1].rows, shapes()[1].cols, c.ranks);
     ASSERT_EQ(geometry.valid_rows(c.ranks - 1), 0) << "the last rank must hold only padding rows of layer 1";
     compare(c);

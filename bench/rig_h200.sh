@@ -14,6 +14,8 @@
 # summary line per step on stdout. Set GTP_COMMIT to record the commit in the JSON.
 set -uo pipefail
 source bench/gpu_env.sh
+# Every rank's streams in their own hardware queue (remat/one_gpu_rig.h): 32 is CUDA's largest setting.
+export CUDA_DEVICE_MAX_CONNECTIONS=32
 bin=.carry/bin
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"

@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +11,13 @@
 
 namespace gtp::remat {
 namespace {
+
+// Before any CUDA context exists (a static initializer of this test-only library): streams that share
+// one of the device's hardware queues run in submission order, so a rank's stream waiting for a peer
+// could hold back, in the same queue, the very work of that peer it waits for. 32 queues (CUDA's
+// largest setting, default 8) give each rank's streams their own at G <= 8 with three streams a rank.
+// A value the user set is kept.
+const bool kQueuesSet = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0;
 
 void check(cudaError_t error, const std::string& what) {
   if (error != cudaSuccess) throw std::runtime_error("one-GPU rig: " + what + " failed: " + cudaGetErrorString(error));
@@ -262,7 +270,11 @@ OneGpuRig::~OneGpuRig() {
   cudaFreeHost(state_->report);
 }
 
-std::string OneGpuRig::flags() const { return state_->memops ? "stream memory operations" : "kernels"; }
+std::string OneGpuRig::flags() const {
+  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return std::string(state_->memops ? "stream memory operations" : "kernels") + ", CUDA_DEVICE_MAX_CONNECTIONS=" +
+         (queues != nullptr ? queues : "unset") + (kQueuesSet ? "" : " (not set)");
+}
 
 std::unique_ptr<DeviceCollectives> OneGpuRig::transport(int rank) {
   if (rank < 0 || rank >= world_ || state_->handed_out[rank]) {

@@ -25,6 +25,11 @@
 // timed out is in `timeout_report()`). Kernel flags need every rank's flag kernel resident at once,
 // which holds for G <= 8 on any GPU this project targets.
 //
+// All ranks' streams live on one device, whose hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) they
+// share: two streams in one queue run in submission order, so a rank waiting for a peer could hold
+// back that peer's work behind it. The library sets CUDA_DEVICE_MAX_CONNECTIONS=32 (unless set)
+// before CUDA starts, enough for G <= 8 ranks of three streams each; `flags()` reports the setting.
+//
 // Rules (as NCCL's): every rank of a communicator issues the same collectives in the same order with
 // the same sizes; a rank issues one communicator's collectives on one stream (checked: a second
 // stream throws std::logic_error).
@@ -57,7 +62,7 @@ class OneGpuRig {
   OneGpuRig& operator=(const OneGpuRig&) = delete;
 
   int world() const { return world_; }
-  // What flags are raised with: "stream memory operations" or "kernels".
+  // What flags are raised with ("stream memory operations" or "kernels") and the hardware queues.
   std::string flags() const;
   // Rank r's transport, for CudaBackend(device, transport(r)). Once per rank; the rig must outlive it.
   std::unique_ptr<DeviceCollectives> transport(int rank);

@@ -142,6 +142,7 @@ int run(int ranks, remat::OneGpuRig::Flags flags, const Options& o, int argc, ch
     for (int depth : o.depths) {
       for (bool rs_wait : {true, false}) {
         remat::OneGpuRig rig(0, ranks, {}, flags);
+        if (rig_flags.empty()) std::printf("rig flags: %s\n", rig.flags().c_str());
         rig_flags = rig.flags();
         std::vector<StepTimes> per_rank(ranks);
         remat::testing::on_rig_ranks(rig, [&](int rank) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cuda_kernels.h"
+#include "remat/cuda_backend.h"
 #include "remat/internal/rig_ranks.h"
 
 namespace gtp::remat {
@@ -254,6 +255,32 @@ TEST(OneGpuRig, ACommunicatorOnASecondStreamIsRefused) {
   cudaFree(x);
   cudaStreamDestroy(a);
   cudaStreamDestroy(b);
+}
+
+// CudaBackend's test-transport constructor refuses a null transport and a priority count that is not
+// one per group before any CUDA call (runs without a GPU).
+class OneGroup : public DeviceCollectives {
+ public:
+  int group_count() const override { return 1; }
+  int size(int) const override { return 2; }
+  int rank(int) const override { return 0; }
+  void all_gather(cudaStream_t, int, const void*, void*, std::int64_t) override { ADD_FAILURE() << "called"; }
+  void all_reduce_max(cudaStream_t, int, float*, std::int64_t) override { ADD_FAILURE() << "called"; }
+  void reduce_scatter_mean(cudaStream_t, int, const float*, float*, std::int64_t) override { ADD_FAILURE() << "called"; }
+};
+
+TEST(OneGpuRig, CudaBackendRefusesABadTestTransportBeforeAnyCudaCall) {
+  const auto refusal = [](std::unique_ptr<DeviceCollectives> t, std::vector<CudaStreamPriorities> p) -> std::string {
+    try {
+      CudaBackend backend(0, std::move(t), std::move(p));
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(refusal(nullptr, {}).find("test transport is null"), std::string::npos);
+  EXPECT_NE(refusal(std::make_unique<OneGroup>(), {{}, {}}).find("2 stream priority sets for 1 groups"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -232,11 +232,14 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
   cudaGraphExec_t exec = nullptr;
   for (int step = 0; step < c.steps; ++step) {
     prepare(step);
-    if (c.capture && step > kCaptured) runtime.drain(stream);  // orders the replay after the re-pack
+    // Before the capture and each replay: the stream joins the re-pack's side-stream work (and the
+    // head it prefetches), so syncing it alone covers everything from before the capture.
+    if (c.capture && step >= kCaptured) runtime.drain(stream);
     if (!c.capture || step < kCaptured) {
       body();
     } else if (step == kCaptured) {
-      // The capture rule (docs/remat.md): the last eager drain's stream is synchronized first.
+      // The capture rule (docs/remat.md): the last eager drain's stream is synchronized first (never the
+      // whole device: a peer may be waiting for this rank).
       sync();
       EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
       try {

@@ -89,7 +89,10 @@ class Transport : public DeviceCollectives {
 
   int group_count() const override { return s_.group_count; }
   int size(int group) const override { return static_cast<int>(comm(group, false).ranks.size()); }
-  int rank(int group) const override { return s_.rank_in[me_][group]; }
+  int rank(int group) const override {
+    index(group, false);  // throws for an unknown group
+    return s_.rank_in[me_][group];
+  }
 
   void all_gather(cudaStream_t stream, int group, const void* send, void* recv, std::int64_t bytes) override {
     run(stream, group, false, send, [&](const OneGpuRig::Comm& c, int rank) {

@@ -34,8 +34,9 @@ namespace {
 struct Shape {
   std::int64_t rows, cols;
 };
-// Layer 1 has 5 rows: at G = 8 ranks 5..7 (BF16), and at G >= 2 every rank but 0 (row-blocked
-// quantized wires), hold only padding rows.
+// Shards are at least 16 rows on every wire: layer 1 (5 rows) leaves rank 0 a partial shard (the
+// BF16 wire packs it, where full BF16 shards are sent as they are) and every other rank only padding;
+// layer 0 (40 rows) is partial on some rank at every G.
 const std::vector<Shape>& shapes() {
   static const std::vector<Shape> s = {{40, 64}, {5, 64}, {72, 128}};
   return s;
@@ -349,7 +350,9 @@ TEST_P(RigRuntime, EveryWireMatchesTheHostBackend) {
     c.ranks = GetParam();
     c.wire = wire;
     c.gemm_backward = true;
+    // Layer 1 (5 rows, shards of at least 16 rows): rank 0 holds a partial shard, the others only padding.
     const auto geometry = kernels::weight_geometry(wire.format, shapes()[1].rows, shapes()[1].cols, c.ranks);
+    ASSERT_EQ(geometry.valid_rows(0), 5);
     ASSERT_EQ(geometry.valid_rows(c.ranks - 1), 0) << "the last rank must hold only padding rows of layer 1";
     compare(c);
   }

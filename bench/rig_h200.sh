@@ -16,6 +16,8 @@ set -uo pipefail
 source bench/gpu_env.sh
 # Every rank's streams in their own hardware queue (remat/one_gpu_rig.h): 32 is CUDA's largest setting.
 export CUDA_DEVICE_MAX_CONNECTIONS=32
+# A rig that hangs ends its process with the reason (remat/internal/rig_ranks.h) before a step's limit.
+export GTP_RIG_WATCHDOG_S=80
 bin=.carry/bin
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"
@@ -34,8 +36,8 @@ for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig; do
   [ -x "$bin/$b" ] || echo "== $b: not in $bin (run tools/stage-gpu.sh)"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
-step 90 rig_test $bin/one_gpu_rig_test --gtest_brief=1
-step 200 rig_runtime_test $bin/one_gpu_rig_runtime_test --gtest_brief=1
+step 90 rig_test $bin/one_gpu_rig_test
+step 200 rig_runtime_test $bin/one_gpu_rig_runtime_test
 step 120 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench.json"
 grep -E "^(rs-wait|current|gtp-overlap-bench-rig)" "$work/overlap_rig.log"

@@ -35,9 +35,17 @@ inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
   return {OneGpuRig::Flags::kAuto, OneGpuRig::Flags::kKernels};
 }
 
+// The watchdog's limit: GTP_RIG_WATCHDOG_S seconds (a whole number), else 300.
+inline std::chrono::seconds rig_watchdog() {
+  const char* v = std::getenv("GTP_RIG_WATCHDOG_S");
+  char* end = nullptr;
+  const long seconds = v == nullptr ? 0 : std::strtol(v, &end, 10);
+  return std::chrono::seconds(seconds > 0 && end != nullptr && *end == '\0' ? seconds : 300);
+}
+
 // Runs body(rank) for every rank of `rig` on its own thread; rethrows the first rank's exception.
 inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& body,
-                         std::chrono::seconds watchdog = std::chrono::seconds(300)) {
+                         std::chrono::seconds watchdog = rig_watchdog()) {
   const int n = rig.world();
   std::vector<std::exception_ptr> errors(n);
   std::mutex mutex;

@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # The one-GPU rig on the GPU machine (issue 23): G = 2, 4, 8 ranks as threads on one GPU through the
-# rig (a test double for NCCL, remat/one_gpu_rig.h). Most important first, every step under a time
-# limit and the whole call under GTP_DEADLINE (seconds, default 360):
-#   rig_test, rig_runtime_test       the rig's collectives, and every multi-rank runtime path bit-compared
-#                                    with the host backend (flags as the rig picks them)
-#   overlap_rig                      gtp-overlap-bench-rig: reduce-scatter exposure in backward, the
-#                                    current grad_buffer order against the old one (rs-wait), one run
-#   *_memcheck                       both tests under compute-sanitizer memcheck (API errors reported:
-#                                    no NCCL in these binaries)
-#   rig_runtime_kernel_flags         the runtime test at G = 4 with the rig's kernel flags
-#   *_racecheck, *_synccheck         the runtime test at G = 2 under racecheck and synccheck
-# Binaries from tools/stage-gpu.sh (.carry/bin). Logs and the JSON land in $OUT/rig_results.tgz; one
+# rig (a test double for NCCL, remat/one_gpu_rig.h). Cheapest and most diagnostic first, every step
+# under a time limit and the whole call under GTP_DEADLINE (seconds, default 360):
+#   smoke_kernels, smoke_memops     one_gpu_rig_test at G = 2 only, the rig's two flag modes
+#   rig_test, rig_runtime_test      the rig's collectives; every multi-rank runtime path bit-compared
+#                                   with the host backend (kernel flags: every wait bounded)
+#   overlap_rig                     gtp-overlap-bench-rig: reduce-scatter exposure in backward, the
+#                                   current grad_buffer order against the old one (rs-wait), one run
+#   *_memcheck                      both tests under compute-sanitizer memcheck (API errors reported:
+#                                   no NCCL in these binaries), stream-memory-operation flags
+#   rig_runtime_memops              the runtime test at G = 4 with stream-memory-operation flags
+#   *_racecheck, *_synccheck        the runtime test at G = 2
+# Output is line-buffered (stdbuf) so a killed step still leaves its log; a hung rig ends with the
+# watchdog's report (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
+# Binaries from tools/stage-gpu.sh (.carry/bin). Logs and the JSONs land in $OUT/rig_results.tgz; one
 # summary line per step on stdout. Set GTP_COMMIT to record the commit in the JSON.
 set -uo pipefail
 source bench/gpu_env.sh
-# Every rank's streams in their own hardware queue (remat/one_gpu_rig.h): 32 is CUDA's largest setting.
-export CUDA_DEVICE_MAX_CONNECTIONS=32
-# A rig that hangs ends its process with the reason (remat/internal/rig_ranks.h) before a step's limit.
-export GTP_RIG_WATCHDOG_S=80
+# The rig sets both itself before CUDA starts; exported here too so that the logs say so.
+export CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER
+export GTP_RIG_WATCHDOG_S=${GTP_RIG_WATCHDOG_S:-60}
 bin=.carry/bin
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"
@@ -29,26 +31,30 @@ step() {  # step LIMIT NAME COMMAND...: log to NAME.log, one verdict line
   local start=$SECONDS left=$((deadline - $(date +%s)))
   if [ "$left" -lt 15 ]; then echo "== $name: skipped, the call's deadline is near"; return; fi
   [ "$left" -lt "$limit" ] && limit=$left
-  timeout "$limit" "$@" > "$work/$name.log" 2>&1
-  echo "== $name exit $? ($((SECONDS - start)) s) :: $(grep -E 'PASSED|FAILED|ERROR SUMMARY|RACECHECK SUMMARY|SKIPPED \]|flags by|one-GPU rig:' "$work/$name.log" | sort | uniq -c | tr '\n' ' ' | cut -c1-600)"
+  timeout -k 5 "$limit" stdbuf -oL -eL "$@" > "$work/$name.log" 2>&1
+  local rc=$?
+  echo "== $name exit $rc ($((SECONDS - start)) s) :: $(grep -E '\[  (PASSED|FAILED|SKIPPED) +\]|ERROR SUMMARY|RACECHECK SUMMARY|flags by|one-GPU rig|^rank [0-9]' "$work/$name.log" | sort | uniq -c | head -30 | tr '\n' ' ' | cut -c1-900)"
+  if [ "$rc" != 0 ]; then echo "   last lines:"; tail -n 6 "$work/$name.log" | sed 's/^/   | /'; fi
 }
 for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig; do
   [ -x "$bin/$b" ] || echo "== $b: not in $bin (run tools/stage-gpu.sh)"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
+step 45 smoke_kernels env GTP_RIG_FLAGS=kernels $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
+step 45 smoke_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
 step 90 rig_test $bin/one_gpu_rig_test
-step 200 rig_runtime_test $bin/one_gpu_rig_runtime_test
-step 120 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
+step 150 rig_runtime_test $bin/one_gpu_rig_runtime_test
+step 90 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench.json"
-grep -E "^(rs-wait|current|gtp-overlap-bench-rig)" "$work/overlap_rig.log"
-step 150 rig_test_memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $bin/one_gpu_rig_test --gtest_brief=1
-step 200 rig_runtime_memcheck compute-sanitizer --tool memcheck --error-exitcode 9 $bin/one_gpu_rig_runtime_test \
-  --gtest_brief=1 --gtest_filter='*G2:*CapturedStep*G4'
-step 120 rig_runtime_kernel_flags env GTP_RIG_FLAGS=kernels $bin/one_gpu_rig_runtime_test --gtest_brief=1 \
-  --gtest_filter='*G4'
+grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$work/overlap_rig.log"
+step 120 rig_test_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_test
+step 150 rig_runtime_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_runtime_test --gtest_filter='*G2:*CapturedStep*G4'
+step 90 rig_runtime_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_runtime_test --gtest_filter='*G4'
 for tool in racecheck synccheck; do
-  step 120 "rig_runtime_$tool" compute-sanitizer --tool $tool --error-exitcode 9 $bin/one_gpu_rig_runtime_test \
-    --gtest_brief=1 --gtest_filter='*EveryWire*G2:*CapturedStep*G2'
+  step 90 "rig_runtime_$tool" env GTP_RIG_FLAGS=memops compute-sanitizer --tool $tool --error-exitcode 9 \
+    $bin/one_gpu_rig_runtime_test --gtest_filter='*EveryWire*G2:*CapturedStep*G2'
 done
 step 60 overlap_rig_g8 $bin/gtp-overlap-bench-rig --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench_g8.json"

@@ -389,11 +389,15 @@ void CudaBackend::destroy_graph(Graph graph) noexcept {
 }
 
 void* CudaBackend::do_allocate(std::int64_t bytes) {
+  if (collectives_ != nullptr) return collectives_->allocate(bytes);
   void* ptr = nullptr;
   check(cudaMalloc(&ptr, static_cast<std::size_t>(bytes)), "cudaMalloc");
   return ptr;
 }
 
-void CudaBackend::do_deallocate(void* ptr) { cudaFree(ptr); }
+void CudaBackend::do_deallocate(void* ptr) {
+  if (collectives_ != nullptr) return collectives_->deallocate(ptr);
+  cudaFree(ptr);
+}
 
 }  // namespace gtp::remat

@@ -3,6 +3,7 @@
 #include <cuda.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -12,12 +13,16 @@
 namespace gtp::remat {
 namespace {
 
-// Before any CUDA context exists (a static initializer of this test-only library): streams that share
-// one of the device's hardware queues run in submission order, so a rank's stream waiting for a peer
-// could hold back, in the same queue, the very work of that peer it waits for. 32 queues (CUDA's
-// largest setting, default 8) give each rank's streams their own at G <= 8 with three streams a rank.
-// A value the user set is kept.
+// Before any CUDA context exists (static initializers of this test-only library):
+// - Streams that share one of the device's hardware queues run in submission order, so a rank's
+//   stream waiting for a peer could hold back, in the same queue, the very work of that peer it
+//   waits for. 32 queues (CUDA's largest setting, default 8) give each rank's streams their own at
+//   G <= 8 with three streams a rank. A value the user set is kept.
+// - With lazy module loading (CUDA's default), the first launch of a kernel may synchronize the
+//   context: a rank launching a kernel for the first time would wait for a peer's stream that waits
+//   for that rank. Every module is loaded when the context is created instead (forced).
 const bool kQueuesSet = setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0;
+const bool kEagerSet = setenv("CUDA_MODULE_LOADING", "EAGER", 1) == 0;
 
 void check(cudaError_t error, const std::string& what) {
   if (error != cudaSuccess) throw std::runtime_error("one-GPU rig: " + what + " failed: " + cudaGetErrorString(error));
@@ -78,6 +83,10 @@ struct OneGpuRig::State {
   rig::TimeoutReport* report_device = nullptr;
   MemOp write = nullptr, wait = nullptr;
   int group_count = 0;
+  // Per (world rank, communicator): collectives issued (host) and completed (device, mapped memory).
+  std::unique_ptr<std::atomic<std::uint32_t>[]> issued;
+  std::uint32_t* progress = nullptr;
+  std::uint32_t* progress_device = nullptr;
 };
 
 namespace {
@@ -85,7 +94,27 @@ namespace {
 // Rank `me`'s collectives (one communicator per group and role).
 class Transport : public DeviceCollectives {
  public:
-  Transport(OneGpuRig::State& s, int me) : s_(s), me_(me), streams_(s.comms.size(), nullptr) {}
+  Transport(OneGpuRig::State& s, int me) : s_(s), me_(me), streams_(s.comms.size(), nullptr) {
+    check(cudaSetDevice(s.device), "cudaSetDevice");
+    check(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }
+  // Everything the backend freed goes back now: its streams are synchronized by then.
+  ~Transport() override {
+    for (void* ptr : freed_) cudaFreeAsync(ptr, alloc_stream_);
+    cudaStreamSynchronize(alloc_stream_);
+    cudaStreamDestroy(alloc_stream_);
+  }
+
+  // Stream-ordered allocation on a stream of the transport's own, which never waits for a peer:
+  // cudaMallocAsync does not synchronize the device. Freed memory is kept until the transport ends
+  // (cudaFree would have waited for work still using it; cudaFreeAsync alone would not).
+  void* allocate(std::int64_t bytes) override {
+    void* ptr = nullptr;
+    check(cudaMallocAsync(&ptr, static_cast<std::size_t>(bytes), alloc_stream_), "cudaMallocAsync");
+    check(cudaStreamSynchronize(alloc_stream_), "cudaStreamSynchronize (allocation)");
+    return ptr;
+  }
+  void deallocate(void* ptr) override { freed_.push_back(ptr); }
 
   int group_count() const override { return s_.group_count; }
   int size(int group) const override { return static_cast<int>(comm(group, false).ranks.size()); }
@@ -134,17 +163,21 @@ class Transport : public DeviceCollectives {
     }
     streams_[c] = stream;
     const int rank = s_.rank_in[me_][group];
-    round(stream, c, comm, rank, 0, ptr);
+    const std::uint32_t sequence = ++s_.issued[me_ * s_.comms.size() + c];
+    round(stream, c, comm, rank, 0, ptr, 0);
     move(comm, rank);
-    round(stream, c, comm, rank, 1, nullptr);
+    round(stream, c, comm, rank, 1, nullptr, sequence);
   }
 
-  void round(cudaStream_t stream, int c, const OneGpuRig::Comm& comm, int rank, int round, const void* ptr) {
+  // `done` (non-zero after the departure round): written to this rank's progress word of the
+  // communicator in mapped host memory once the round is through, for the watchdog's report.
+  void round(cudaStream_t stream, int c, const OneGpuRig::Comm& comm, int rank, int round, const void* ptr,
+             std::uint32_t done) {
     const int size = static_cast<int>(comm.ranks.size());
-    if (size == 1 && ptr == nullptr) return;
+    std::uint32_t* progress = s_.progress_device + me_ * s_.comms.size() + c;
     if (!s_.memops) {
       rig::flag_round_kernel(stream, comm.flags, comm.ptrs, ptr != nullptr, ptr, size, rank, round, s_.timeout_ns,
-                             s_.report_device, c);
+                             s_.report_device, c, done != 0 ? progress : nullptr, done);
       return;
     }
     std::uint32_t* base = comm.flags + static_cast<std::int64_t>(round) * size * size;
@@ -165,6 +198,9 @@ class Transport : public DeviceCollectives {
       op(s_.wait(stream, flag, 1, CU_STREAM_WAIT_VALUE_EQ), "wait for flag");
       op(s_.write(stream, flag, 0, CU_STREAM_WRITE_VALUE_DEFAULT), "lower flag");
     }
+    if (done != 0) {
+      op(s_.write(stream, reinterpret_cast<CUdeviceptr>(progress), done, CU_STREAM_WRITE_VALUE_DEFAULT), "progress");
+    }
   }
 
   static void op(CUresult result, const char* what) {
@@ -177,6 +213,8 @@ class Transport : public DeviceCollectives {
   OneGpuRig::State& s_;
   int me_;
   std::vector<cudaStream_t> streams_;  // per communicator: the stream its collectives go on
+  cudaStream_t alloc_stream_ = nullptr;
+  std::vector<void*> freed_;
 };
 
 // Whether stream memory operations work here, captured into a graph included (the rig's flags must
@@ -249,6 +287,20 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
         "cudaHostAlloc");
   *s.report = rig::TimeoutReport{};
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.report_device), s.report, 0), "cudaHostGetDevicePointer");
+  const std::size_t slots = static_cast<std::size_t>(world) * s.comms.size();
+  s.issued.reset(new std::atomic<std::uint32_t>[slots]);
+  for (std::size_t i = 0; i < slots; ++i) s.issued[i] = 0;
+  check(cudaHostAlloc(reinterpret_cast<void**>(&s.progress), slots * sizeof(std::uint32_t), cudaHostAllocMapped),
+        "cudaHostAlloc");
+  std::fill(s.progress, s.progress + slots, 0u);
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.progress_device), s.progress, 0),
+        "cudaHostGetDevicePointer");
+  // Freed stream-ordered memory stays in the pool: trimming it at a synchronization could wait for
+  // the device, and so for a peer (Transport::allocate).
+  cudaMemPool_t pool = nullptr;
+  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
+  std::uint64_t keep = ~0ull;
+  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
   auto* next = static_cast<std::uint32_t*>(s.memory);
   std::uint32_t* scratch = next++;
   for (Comm& c : s.comms) {
@@ -271,12 +323,31 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
 OneGpuRig::~OneGpuRig() {
   cudaFree(state_->memory);
   cudaFreeHost(state_->report);
+  cudaFreeHost(state_->progress);
+}
+
+std::string OneGpuRig::progress_report() const {
+  const State& s = *state_;
+  std::string out;
+  for (int r = 0; r < world_; ++r) {
+    for (std::size_t c = 0; c < s.comms.size(); ++c) {
+      const std::uint32_t issued = s.issued[r * s.comms.size() + c].load();
+      if (issued == 0) continue;
+      const volatile std::uint32_t* done = s.progress + r * s.comms.size() + c;
+      out += "rank " + std::to_string(r) + " group " + std::to_string(s.comms[c].group) +
+             (s.comms[c].reduce_scatter ? " reduce-scatter" : " gather") + ": issued " + std::to_string(issued) +
+             ", completed through " + std::to_string(*done) + "\n";
+    }
+  }
+  return out;
 }
 
 std::string OneGpuRig::flags() const {
   const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const char* loading = std::getenv("CUDA_MODULE_LOADING");
   return std::string(state_->memops ? "stream memory operations" : "kernels") + ", CUDA_DEVICE_MAX_CONNECTIONS=" +
-         (queues != nullptr ? queues : "unset") + (kQueuesSet ? "" : " (not set)");
+         (queues != nullptr ? queues : "unset") + (kQueuesSet ? "" : " (not set)") +
+         ", CUDA_MODULE_LOADING=" + (loading != nullptr ? loading : "unset") + (kEagerSet ? "" : " (not set)");
 }
 
 std::unique_ptr<DeviceCollectives> OneGpuRig::transport(int rank) {

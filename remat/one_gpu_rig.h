@@ -18,17 +18,20 @@
 // interleaved with eager ones. The host never waits for a peer; a rank thread may run ahead of the
 // others by any number of collectives (its stream waits, as NCCL's kernels would).
 //
-// Flags are raised and awaited by CUDA stream memory operations (cuStreamWriteValue32 /
-// cuStreamWaitValue32: the stream's front end waits, no kernel spins, so no kernel can stand in the
-// way of a peer's) where the device supports them, else by one-thread kernels that spin at most
-// `spin_timeout` and then trap (a sticky CUDA error, so the test fails instead of hanging; which wait
-// timed out is in `timeout_report()`). Kernel flags need every rank's flag kernel resident at once,
-// which holds for G <= 8 on any GPU this project targets.
+// Flags are raised and awaited by one-thread kernels that spin at most `spin_timeout` and then trap
+// (a sticky CUDA error, so the test fails instead of hanging; which wait timed out is in
+// `timeout_report()`), or, with Flags::kStreamMemOps, by CUDA stream memory operations
+// (cuStreamWriteValue32 / cuStreamWaitValue32: the stream's front end waits, no kernel spins, nothing
+// bounds the wait).
 //
-// All ranks' streams live on one device, whose hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) they
-// share: two streams in one queue run in submission order, so a rank waiting for a peer could hold
-// back that peer's work behind it. The library sets CUDA_DEVICE_MAX_CONNECTIONS=32 (unless set)
-// before CUDA starts, enough for G <= 8 ranks of three streams each; `flags()` reports the setting.
+// Ranks sharing one device deadlock where separate GPUs would not, whenever something waits for the
+// whole device (or a hardware queue) while a peer's stream waits for this rank. Before CUDA starts,
+// this library sets CUDA_MODULE_LOADING=EAGER (a lazily loaded kernel's first launch may synchronize
+// the context) and CUDA_DEVICE_MAX_CONNECTIONS=32 unless set (streams sharing a hardware queue run in
+// submission order: enough queues for G <= 8 ranks of three streams); a rank's backend allocates
+// through its transport with cudaMallocAsync, never cudaMalloc / cudaFree, which may wait for the
+// device. Tests must not synchronize the device either (internal/rig_ranks.h: rig_malloc, and a
+// watchdog that prints `progress_report()`).
 //
 // Rules (as NCCL's): every rank of a communicator issues the same collectives in the same order with
 // the same sizes; a rank issues one communicator's collectives on one stream (checked: a second
@@ -55,8 +58,10 @@ class OneGpuRig {
   // two communicators (gathers, reduce-scatters), as CudaGroup has. Throws std::invalid_argument for
   // a bad partition, std::runtime_error when CUDA fails or kStreamMemOps is asked for and missing.
   // Not thread-safe itself: build it, then hand transport(r) to each rank's thread.
+  // kKernels (the default) bounds every wait by `spin_timeout`; kStreamMemOps cannot time out (the
+  // watchdog of internal/rig_ranks.h then reports); kAuto: stream memory operations where usable.
   OneGpuRig(int device, int world, std::vector<std::vector<std::vector<int>>> groups = {},
-            Flags flags = Flags::kAuto, std::chrono::milliseconds spin_timeout = std::chrono::seconds(60));
+            Flags flags = Flags::kKernels, std::chrono::milliseconds spin_timeout = std::chrono::seconds(30));
   ~OneGpuRig();
   OneGpuRig(const OneGpuRig&) = delete;
   OneGpuRig& operator=(const OneGpuRig&) = delete;
@@ -69,6 +74,10 @@ class OneGpuRig {
   // Non-empty once a kernel flag wait timed out: which rank waited for which peer, on which
   // communicator. Read without synchronizing (mapped host memory).
   std::string timeout_report() const;
+  // Per rank and communicator used: collectives issued by its thread, and the last one its stream
+  // has completed (from mapped host memory, without synchronizing; replays of a captured collective
+  // report the number it had at capture). What the watchdog prints when a rank hangs.
+  std::string progress_report() const;
 
   // One communicator: ranks (world ranks, in group-rank order) and its device state.
   struct Comm {

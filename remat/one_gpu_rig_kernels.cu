@@ -24,7 +24,8 @@ __device__ long long now_ns() {
 }
 
 __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr, int size, int rank,
-                           int round, long long timeout_ns, TimeoutReport* report, int comm) {
+                           int round, long long timeout_ns, TimeoutReport* report, int comm, std::uint32_t* progress,
+                           std::uint32_t done) {
   volatile std::uint32_t* base = flags + static_cast<std::int64_t>(round) * size * size;
   if (publish) *reinterpret_cast<const void* volatile*>(&ptrs[rank]) = ptr;
   __threadfence();  // the pointer (and this rank's earlier writes) before the flags
@@ -50,6 +51,7 @@ __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish
     base[rank * size + r] = 0;
   }
   __threadfence();
+  if (progress != nullptr) *reinterpret_cast<volatile std::uint32_t*>(progress) = done;
 }
 
 __global__ void gather(const void* const* ptrs, int size, unsigned char* recv, std::int64_t bytes) {
@@ -106,8 +108,10 @@ unsigned blocks_for(std::int64_t items) {
 }  // namespace
 
 void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr,
-                       int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm) {
-  flag_round<<<1, 1, 0, stream>>>(flags, ptrs, publish, ptr, size, rank, round, timeout_ns, report, comm);
+                       int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm,
+                       std::uint32_t* progress, std::uint32_t done) {
+  flag_round<<<1, 1, 0, stream>>>(flags, ptrs, publish, ptr, size, rank, round, timeout_ns, report, comm, progress,
+                                  done);
   launched("flag kernel");
 }
 

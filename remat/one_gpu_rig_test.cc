@@ -42,31 +42,31 @@ struct Round {
   unsigned seed;
 };
 
-// Device buffers for check_rounds, allocated before any collective and freed after the last: a
-// cudaFree while a peer waits for this rank's next collective would wait for that peer (it
-// synchronizes the whole device), and the peer for it.
+// Device buffers for check_rounds, from cudaMallocAsync on the rank's stream (testing::rig_malloc):
+// cudaMalloc / cudaFree may wait for the whole device, a peer waiting for this rank included.
 struct RoundBuffers {
+  cudaStream_t stream;
   unsigned char* gather = nullptr;  // recv; send in place, else `send`
   unsigned char* send = nullptr;
   float* data = nullptr;
   float* rs_send = nullptr;
   float* rs_recv = nullptr;
-  RoundBuffers(int size, const std::vector<Round>& rounds) {
+  RoundBuffers(int size, const std::vector<Round>& rounds, cudaStream_t s) : stream(s) {
     std::int64_t bytes = 16, count = 4;
     for (const Round& r : rounds) {
       bytes = std::max(bytes, r.bytes_per_rank);
       count = std::max(count, r.count);
     }
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&gather), size * bytes), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&send), bytes), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&data), count * 4), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&rs_send), size * count * 4), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&rs_recv), count * 4), cudaSuccess);
+    gather = static_cast<unsigned char*>(testing::rig_malloc(size * bytes, stream));
+    send = static_cast<unsigned char*>(testing::rig_malloc(bytes, stream));
+    data = static_cast<float*>(testing::rig_malloc(count * 4, stream));
+    rs_send = static_cast<float*>(testing::rig_malloc(size * count * 4, stream));
+    rs_recv = static_cast<float*>(testing::rig_malloc(count * 4, stream));
   }
   ~RoundBuffers() {
     for (void* p : {static_cast<void*>(gather), static_cast<void*>(send), static_cast<void*>(data),
                     static_cast<void*>(rs_send), static_cast<void*>(rs_recv)}) {
-      cudaFree(p);
+      testing::rig_free(p, stream);
     }
   }
 };
@@ -126,8 +126,9 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   const int g = GetParam();
   for (OneGpuRig::Flags flags : testing::rig_flag_modes()) {
-    OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(30));
+    OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(20));
     std::printf("G = %d, flags by %s\n", g, rig.flags().c_str());
+    std::fflush(stdout);
     const std::vector<Round> rounds = {{16, 8, 1}, {4096, 1000, 2}, {3, 1, 3}, {1000003, 77777, 4}};
     testing::on_rig_ranks(rig, [&](int rank) {
       CUDA_OK(cudaSetDevice(0));
@@ -136,7 +137,7 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
       CUDA_OK(cudaStreamCreateWithFlags(&gather, cudaStreamNonBlocking));
       CUDA_OK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
       {
-        RoundBuffers buffers(g, rounds);
+        RoundBuffers buffers(g, rounds, gather);
         // The gather communicator's two kinds on one stream, the reduce-scatters on another (as the
         // backend issues them); ranks differ in placement (in place or not), not in order.
         check_rounds(*t, gather, rs, 0, rounds, rank % 2 == 0, buffers);
@@ -165,9 +166,9 @@ TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
     EXPECT_EQ(t->rank(0), rank % 2);
     EXPECT_EQ(t->rank(1), rank / 2);
     const std::vector<Round> rounds = {{64, 33, 9}, {512, 5, 10}};
-    RoundBuffers buffers(2, rounds);
     std::vector<cudaStream_t> streams(4);
     for (cudaStream_t& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    RoundBuffers buffers(2, rounds, streams[0]);
     for (int group : rank % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0}) {
       check_rounds(*t, streams[2 * group], streams[2 * group + 1], group, rounds, false, buffers);
     }
@@ -183,16 +184,17 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
   for (OneGpuRig::Flags flags : testing::rig_flag_modes()) {
     const int g = 4;
     const std::int64_t count = 3000;
-    OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(30));
+    OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(20));
+    std::printf("flags by %s\n", rig.flags().c_str());
+    std::fflush(stdout);
     testing::on_rig_ranks(rig, [&](int rank) {
       CUDA_OK(cudaSetDevice(0));
       auto t = rig.transport(rank);
       cudaStream_t stream = nullptr;
       CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      float *send = nullptr, *recv = nullptr, *gathered = nullptr;
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&send), g * count * 4));
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&recv), count * 4));
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&gathered), g * count * 4));
+      auto* send = static_cast<float*>(testing::rig_malloc(g * count * 4, stream));
+      auto* recv = static_cast<float*>(testing::rig_malloc(count * 4, stream));
+      auto* gathered = static_cast<float*>(testing::rig_malloc(g * count * 4, stream));
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       t->reduce_scatter_mean(stream, 0, send, recv, count);
       t->all_gather(stream, 0, recv, gathered, count * 4);
@@ -224,9 +226,9 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       }
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      cudaFree(send);
-      cudaFree(recv);
-      cudaFree(gathered);
+      for (void* p : {static_cast<void*>(send), static_cast<void*>(recv), static_cast<void*>(gathered)}) {
+        testing::rig_free(p, stream);
+      }
       cudaStreamDestroy(stream);
     });
   }
@@ -267,6 +269,11 @@ class OneGroup : public DeviceCollectives {
   void all_gather(cudaStream_t, int, const void*, void*, std::int64_t) override { ADD_FAILURE() << "called"; }
   void all_reduce_max(cudaStream_t, int, float*, std::int64_t) override { ADD_FAILURE() << "called"; }
   void reduce_scatter_mean(cudaStream_t, int, const float*, float*, std::int64_t) override { ADD_FAILURE() << "called"; }
+  void* allocate(std::int64_t) override {
+    ADD_FAILURE() << "called";
+    return nullptr;
+  }
+  void deallocate(void*) override { ADD_FAILURE() << "called"; }
 };
 
 TEST(OneGpuRig, CudaBackendRefusesABadTestTransportBeforeAnyCudaCall) {

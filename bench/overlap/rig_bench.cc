@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -65,9 +67,30 @@ class RigWeights : public WeightSource {
   bool rs_wait_;
 };
 
-// One rank: its stream, GEMMs, activations, backend, runtime and rows; the timed steps.
-StepTimes run_rank(remat::OneGpuRig& rig, int rank, int ranks, const Options& o, kernels::WireFormat wire, int depth,
-                   bool rs_wait, const std::vector<std::uint16_t>& host_weight) {
+// The ranks' setup meets here before any collective: cudaMalloc and cuBLAS's first GEMMs may wait for
+// the whole device, and so for a peer already waiting for this rank (remat/one_gpu_rig.h). A test
+// harness barrier, not part of any collective.
+class SetupBarrier {
+ public:
+  explicit SetupBarrier(int n) : n_(n) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (++arrived_ == n_) {
+      all_.notify_all();
+      return;
+    }
+    all_.wait(lock, [&] { return arrived_ == n_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable all_;
+  int n_, arrived_ = 0;
+};
+
+// One rank: its stream, GEMMs, activations, rows, backend and runtime; the timed steps.
+StepTimes run_rank(remat::OneGpuRig& rig, SetupBarrier& setup, int rank, int ranks, const Options& o,
+                   kernels::WireFormat wire, int depth, bool rs_wait, const std::vector<std::uint16_t>& host_weight) {
   CUDA(cudaSetDevice(0));
   int least = 0, greatest = 0;
   CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -80,13 +103,11 @@ StepTimes run_rank(remat::OneGpuRig& rig, int rank, int ranks, const Options& o,
   {
     Activations acts = make_activations(o, o.m);
     const Gemms gemms(handle, o.m);
+    // cuBLAS's workspace is ours, and every GEMM of the chain has run once, before any collective.
+    DeviceBuffer workspace(64ll << 20);
+    CUBLAS(cublasSetWorkspace(handle, workspace.ptr, 64ull << 20));
     std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-    remat::CudaBackend backend(0, rig.transport(rank));
-    remat::RuntimeConfig config;
-    config.depth = depth;
-    config.grads.accumulate_microbatches = o.microbatches > 1;
-    remat::Runtime runtime(backend, config);
-    std::vector<remat::WeightId> ids;
+    std::vector<remat::WeightDesc> descs;
     for (int i = 0; i < o.layers; ++i) {
       const LayerShape s = layer_shape(o, i);
       const auto geometry = kernels::weight_geometry(wire, s.out_features, s.in_features, ranks);
@@ -105,9 +126,24 @@ StepTimes run_rank(remat::OneGpuRig& rig, int rank, int ranks, const Options& o,
       buffers.push_back(std::make_unique<DeviceBuffer>(held * s.in_features * 4));
       CUDA(cudaMemsetAsync(buffers.back()->ptr, 0, static_cast<size_t>(held * s.in_features * 4), stream));
       desc.main_grad = buffers.back()->as<float>();
-      ids.push_back(runtime.register_weight(desc));
+      descs.push_back(desc);
+    }
+    DeviceBuffer scratch(static_cast<std::int64_t>(o.n) * o.k * 4);
+    for (int i = 0; i < std::min(o.layers, 2); ++i) {
+      const LayerShape s = layer_shape(o, i);
+      gemms.forward(scratch.ptr, acts.x[i]->ptr, acts.x[i + 1]->ptr, s);
+      gemms.dgrad(scratch.ptr, acts.dx[1]->ptr, acts.dx[0]->ptr, s);  // dx buffers: M x max(N, K)
+      gemms.wgrad(acts.x[i]->ptr, acts.dx[1]->ptr, GradTarget{scratch.as<float>(), true}, s);
     }
     CUDA(cudaStreamSynchronize(stream));
+    setup.arrive_and_wait();
+    remat::CudaBackend backend(0, rig.transport(rank));
+    remat::RuntimeConfig config;
+    config.depth = depth;
+    config.grads.accumulate_microbatches = o.microbatches > 1;
+    remat::Runtime runtime(backend, config);
+    std::vector<remat::WeightId> ids;
+    for (const remat::WeightDesc& desc : descs) ids.push_back(runtime.register_weight(desc));
     runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
     RigWeights weights(runtime, backend, ids, stream, rs_wait);
     const std::int64_t before = free_device_bytes();
@@ -145,8 +181,9 @@ int run(int ranks, remat::OneGpuRig::Flags flags, const Options& o, int argc, ch
         if (rig_flags.empty()) std::printf("rig flags: %s\n", rig.flags().c_str());
         rig_flags = rig.flags();
         std::vector<StepTimes> per_rank(ranks);
+        SetupBarrier setup(ranks);
         remat::testing::on_rig_ranks(rig, [&](int rank) {
-          per_rank[rank] = run_rank(rig, rank, ranks, o, wire, depth, rs_wait, host_weight);
+          per_rank[rank] = run_rank(rig, setup, rank, ranks, o, wire, depth, rs_wait, host_weight);
         });
         const double step = median_of(per_rank, &StepTimes::step);
         const double mat = median_of(per_rank, &StepTimes::exposed_materialize);

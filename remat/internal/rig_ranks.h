@@ -3,6 +3,8 @@
 // instead of hanging, the watchdog prints what it knows and ends the process with status 3.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,21 +21,38 @@
 
 namespace gtp::remat::testing {
 
-// GTP_RIG_FLAGS=kernels or memops forces how the rig raises its flags (bench/rig_h200.sh runs both);
-// unset or anything else: kAuto.
+// GTP_RIG_FLAGS=memops or auto picks how the rig raises its flags (bench/rig_h200.sh runs both);
+// unset or anything else: kKernels (every wait bounded).
 inline OneGpuRig::Flags rig_flags_from_env() {
   const char* v = std::getenv("GTP_RIG_FLAGS");
   const std::string value = v == nullptr ? "" : v;
   if (value == "kernels") return OneGpuRig::Flags::kKernels;
   if (value == "memops") return OneGpuRig::Flags::kStreamMemOps;
-  return OneGpuRig::Flags::kAuto;
+  if (value == "auto") return OneGpuRig::Flags::kAuto;
+  return OneGpuRig::Flags::kKernels;
 }
 
 // The flag modes a rig test covers: the one GTP_RIG_FLAGS names, else both kAuto and kKernels.
 inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
   const char* v = std::getenv("GTP_RIG_FLAGS");
   if (v != nullptr && *v != '\0') return {rig_flags_from_env()};
-  return {OneGpuRig::Flags::kAuto, OneGpuRig::Flags::kKernels};
+  return {OneGpuRig::Flags::kKernels, OneGpuRig::Flags::kAuto};
+}
+
+// A test's own device buffers while peers may be waiting for this rank: cudaMalloc / cudaFree may
+// wait for every stream of the device (a peer's too), cudaMallocAsync / cudaFreeAsync on the rank's
+// own stream do not. Free only after the rank's last collective that uses the buffer.
+inline void* rig_malloc(std::int64_t bytes, cudaStream_t stream) {
+  void* ptr = nullptr;
+  if (cudaMallocAsync(&ptr, static_cast<std::size_t>(bytes), stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    throw std::runtime_error("one-GPU rig test: cudaMallocAsync of " + std::to_string(bytes) + " bytes failed");
+  }
+  return ptr;
+}
+inline void rig_free(void* ptr, cudaStream_t stream) {
+  cudaFreeAsync(ptr, stream);
+  cudaStreamSynchronize(stream);
 }
 
 // The watchdog's limit: GTP_RIG_WATCHDOG_S seconds (a whole number), else 300.
@@ -72,6 +92,7 @@ inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& bo
                    "joined, or a host call that synchronizes the whole device while a peer waits for this "
                    "rank (cudaDeviceSynchronize, cudaFree, the legacy default stream). %s\n",
                    n - done, n, static_cast<long long>(watchdog.count()), rig.timeout_report().c_str());
+      std::fprintf(stderr, "%s", rig.progress_report().c_str());
       std::fflush(stderr);
       std::_Exit(3);
     }

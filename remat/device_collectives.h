@@ -27,9 +27,10 @@ class DeviceCollectives {
   virtual void all_reduce_max(cudaStream_t stream, int group, float* data, std::int64_t count) = 0;
   virtual void reduce_scatter_mean(cudaStream_t stream, int group, const float* send, float* recv,
                                    std::int64_t recv_count) = 0;
-  // The backend's device memory. A transport whose peers share this device must allocate and free
-  // without synchronizing the device: cudaMalloc / cudaFree may wait for every stream on it, a peer's
-  // too, which may be waiting for this rank's next collective. Throws std::runtime_error on failure.
+  // The backend's device memory (CudaBackend::do_allocate / do_deallocate go here). A transport whose
+  // peers share this device must allocate and free without synchronizing the device: cudaMalloc /
+  // cudaFree may wait for every stream on it, a peer's too, which may be waiting for this rank's next
+  // collective. Throws std::runtime_error when the memory cannot be had.
   virtual void* allocate(std::int64_t bytes) = 0;
   virtual void deallocate(void* ptr) = 0;
 };

@@ -83,6 +83,8 @@ struct OneGpuRig::State {
   rig::TimeoutReport* report_device = nullptr;
   MemOp write = nullptr, wait = nullptr;
   int group_count = 0;
+  void* arena = nullptr;  // world x arena_bytes of device memory, the transports' allocations
+  std::int64_t arena_bytes = 0;
   // Per (world rank, communicator): collectives issued (host) and completed (device, mapped memory).
   std::unique_ptr<std::atomic<std::uint32_t>[]> issued;
   std::uint32_t* progress = nullptr;
@@ -94,27 +96,23 @@ namespace {
 // Rank `me`'s collectives (one communicator per group and role).
 class Transport : public DeviceCollectives {
  public:
-  Transport(OneGpuRig::State& s, int me) : s_(s), me_(me), streams_(s.comms.size(), nullptr) {
-    check(cudaSetDevice(s.device), "cudaSetDevice");
-    check(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
-  }
-  // Everything the backend freed goes back now: its streams are synchronized by then.
-  ~Transport() override {
-    for (void* ptr : freed_) cudaFreeAsync(ptr, alloc_stream_);
-    cudaStreamSynchronize(alloc_stream_);
-    cudaStreamDestroy(alloc_stream_);
-  }
+  Transport(OneGpuRig::State& s, int me) : s_(s), me_(me), streams_(s.comms.size(), nullptr) {}
 
-  // Stream-ordered allocation on a stream of the transport's own, which never waits for a peer:
-  // cudaMallocAsync does not synchronize the device. Freed memory is kept until the transport ends
-  // (cudaFree would have waited for work still using it; cudaFreeAsync alone would not).
+  // Bump allocation from this rank's slice of the arena the rig allocated before any rank ran: no
+  // CUDA call at all, so nothing here can wait for the device (cudaMalloc / cudaFree may, and so for
+  // a peer waiting for this rank). Freed memory comes back with the rig.
   void* allocate(std::int64_t bytes) override {
-    void* ptr = nullptr;
-    check(cudaMallocAsync(&ptr, static_cast<std::size_t>(bytes), alloc_stream_), "cudaMallocAsync");
-    check(cudaStreamSynchronize(alloc_stream_), "cudaStreamSynchronize (allocation)");
-    return ptr;
+    const std::int64_t at = (used_ + 255) / 256 * 256;
+    if (bytes < 0 || at + bytes > s_.arena_bytes) {
+      throw std::runtime_error("one-GPU rig: rank " + std::to_string(me_) + "'s arena of " +
+                               std::to_string(s_.arena_bytes >> 20) + " MiB cannot hold " + std::to_string(bytes) +
+                               " more bytes (" + std::to_string(used_) + " used); give OneGpuRig a larger "
+                               "arena_bytes_per_rank");
+    }
+    used_ = at + bytes;
+    return static_cast<char*>(s_.arena) + me_ * s_.arena_bytes + at;
   }
-  void deallocate(void* ptr) override { freed_.push_back(ptr); }
+  void deallocate(void*) override {}
 
   int group_count() const override { return s_.group_count; }
   int size(int group) const override { return static_cast<int>(comm(group, false).ranks.size()); }
@@ -213,8 +211,7 @@ class Transport : public DeviceCollectives {
   OneGpuRig::State& s_;
   int me_;
   std::vector<cudaStream_t> streams_;  // per communicator: the stream its collectives go on
-  cudaStream_t alloc_stream_ = nullptr;
-  std::vector<void*> freed_;
+  std::int64_t used_ = 0;  // bytes of this rank's arena handed out
 };
 
 // Whether stream memory operations work here, captured into a graph included (the rig's flags must
@@ -252,8 +249,12 @@ bool memops_usable(OneGpuRig::State& s, std::uint32_t* scratch) {
 }  // namespace
 
 OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<int>>> groups, Flags flags,
-                     std::chrono::milliseconds spin_timeout)
+                     std::chrono::milliseconds spin_timeout, std::int64_t arena_bytes_per_rank)
     : world_(world), state_(std::make_unique<State>()) {
+  if (arena_bytes_per_rank <= 0) {
+    throw std::invalid_argument("OneGpuRig: arena_bytes_per_rank = " + std::to_string(arena_bytes_per_rank) +
+                                " must be positive");
+  }
   groups = checked_groups(world, std::move(groups));
   State& s = *state_;
   s.device = device;
@@ -295,12 +296,8 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
   std::fill(s.progress, s.progress + slots, 0u);
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.progress_device), s.progress, 0),
         "cudaHostGetDevicePointer");
-  // Freed stream-ordered memory stays in the pool: trimming it at a synchronization could wait for
-  // the device, and so for a peer (Transport::allocate).
-  cudaMemPool_t pool = nullptr;
-  check(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool");
-  std::uint64_t keep = ~0ull;
-  check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep), "cudaMemPoolSetAttribute");
+  s.arena_bytes = (arena_bytes_per_rank + 255) / 256 * 256;
+  check(cudaMalloc(&s.arena, static_cast<std::size_t>(world) * s.arena_bytes), "cudaMalloc (the ranks' arenas)");
   auto* next = static_cast<std::uint32_t*>(s.memory);
   std::uint32_t* scratch = next++;
   for (Comm& c : s.comms) {
@@ -321,6 +318,7 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
 }
 
 OneGpuRig::~OneGpuRig() {
+  cudaFree(state_->arena);
   cudaFree(state_->memory);
   cudaFreeHost(state_->report);
   cudaFreeHost(state_->progress);

@@ -29,9 +29,9 @@
 // this library sets CUDA_MODULE_LOADING=EAGER (a lazily loaded kernel's first launch may synchronize
 // the context) and CUDA_DEVICE_MAX_CONNECTIONS=32 unless set (streams sharing a hardware queue run in
 // submission order: enough queues for G <= 8 ranks of three streams); a rank's backend allocates
-// through its transport with cudaMallocAsync, never cudaMalloc / cudaFree, which may wait for the
-// device. Tests must not synchronize the device either (internal/rig_ranks.h: rig_malloc, and a
-// watchdog that prints `progress_report()`).
+// through its transport from an arena the rig allocated up front, never with cudaMalloc / cudaFree,
+// which may wait for the device. Tests must not synchronize the device either (they allocate from
+// the transport too; internal/rig_ranks.h has a watchdog that prints `progress_report()`).
 //
 // Rules (as NCCL's): every rank of a communicator issues the same collectives in the same order with
 // the same sizes; a rank issues one communicator's collectives on one stream (checked: a second
@@ -60,8 +60,11 @@ class OneGpuRig {
   // Not thread-safe itself: build it, then hand transport(r) to each rank's thread.
   // kKernels (the default) bounds every wait by `spin_timeout`; kStreamMemOps cannot time out (the
   // watchdog of internal/rig_ranks.h then reports); kAuto: stream memory operations where usable.
+  // Each rank's device memory (its backend's, through DeviceCollectives::allocate, and its test's) is
+  // a slice of `arena_bytes_per_rank` allocated here, before any rank runs.
   OneGpuRig(int device, int world, std::vector<std::vector<std::vector<int>>> groups = {},
-            Flags flags = Flags::kKernels, std::chrono::milliseconds spin_timeout = std::chrono::seconds(30));
+            Flags flags = Flags::kKernels, std::chrono::milliseconds spin_timeout = std::chrono::seconds(30),
+            std::int64_t arena_bytes_per_rank = std::int64_t{256} << 20);
   ~OneGpuRig();
   OneGpuRig(const OneGpuRig&) = delete;
   OneGpuRig& operator=(const OneGpuRig&) = delete;

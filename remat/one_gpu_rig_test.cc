@@ -42,32 +42,25 @@ struct Round {
   unsigned seed;
 };
 
-// Device buffers for check_rounds, from cudaMallocAsync on the rank's stream (testing::rig_malloc):
-// cudaMalloc / cudaFree may wait for the whole device, a peer waiting for this rank included.
+// Device buffers for check_rounds, from the rank's arena (DeviceCollectives::allocate): cudaMalloc /
+// cudaFree may wait for the whole device, a peer waiting for this rank included.
 struct RoundBuffers {
-  cudaStream_t stream;
   unsigned char* gather = nullptr;  // recv; send in place, else `send`
   unsigned char* send = nullptr;
   float* data = nullptr;
   float* rs_send = nullptr;
   float* rs_recv = nullptr;
-  RoundBuffers(int size, const std::vector<Round>& rounds, cudaStream_t s) : stream(s) {
+  RoundBuffers(int size, const std::vector<Round>& rounds, DeviceCollectives& t) {
     std::int64_t bytes = 16, count = 4;
     for (const Round& r : rounds) {
       bytes = std::max(bytes, r.bytes_per_rank);
       count = std::max(count, r.count);
     }
-    gather = static_cast<unsigned char*>(testing::rig_malloc(size * bytes, stream));
-    send = static_cast<unsigned char*>(testing::rig_malloc(bytes, stream));
-    data = static_cast<float*>(testing::rig_malloc(count * 4, stream));
-    rs_send = static_cast<float*>(testing::rig_malloc(size * count * 4, stream));
-    rs_recv = static_cast<float*>(testing::rig_malloc(count * 4, stream));
-  }
-  ~RoundBuffers() {
-    for (void* p : {static_cast<void*>(gather), static_cast<void*>(send), static_cast<void*>(data),
-                    static_cast<void*>(rs_send), static_cast<void*>(rs_recv)}) {
-      testing::rig_free(p, stream);
-    }
+    gather = static_cast<unsigned char*>(t.allocate(size * bytes));
+    send = static_cast<unsigned char*>(t.allocate(bytes));
+    data = static_cast<float*>(t.allocate(count * 4));
+    rs_send = static_cast<float*>(t.allocate(size * count * 4));
+    rs_recv = static_cast<float*>(t.allocate(count * 4));
   }
 };
 
@@ -137,7 +130,7 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
       CUDA_OK(cudaStreamCreateWithFlags(&gather, cudaStreamNonBlocking));
       CUDA_OK(cudaStreamCreateWithFlags(&rs, cudaStreamNonBlocking));
       {
-        RoundBuffers buffers(g, rounds, gather);
+        RoundBuffers buffers(g, rounds, *t);
         // The gather communicator's two kinds on one stream, the reduce-scatters on another (as the
         // backend issues them); ranks differ in placement (in place or not), not in order.
         check_rounds(*t, gather, rs, 0, rounds, rank % 2 == 0, buffers);
@@ -168,7 +161,7 @@ TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
     const std::vector<Round> rounds = {{64, 33, 9}, {512, 5, 10}};
     std::vector<cudaStream_t> streams(4);
     for (cudaStream_t& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    RoundBuffers buffers(2, rounds, streams[0]);
+    RoundBuffers buffers(2, rounds, *t);
     for (int group : rank % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0}) {
       check_rounds(*t, streams[2 * group], streams[2 * group + 1], group, rounds, false, buffers);
     }
@@ -192,9 +185,9 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       auto t = rig.transport(rank);
       cudaStream_t stream = nullptr;
       CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      auto* send = static_cast<float*>(testing::rig_malloc(g * count * 4, stream));
-      auto* recv = static_cast<float*>(testing::rig_malloc(count * 4, stream));
-      auto* gathered = static_cast<float*>(testing::rig_malloc(g * count * 4, stream));
+      auto* send = static_cast<float*>(t->allocate(g * count * 4));
+      auto* recv = static_cast<float*>(t->allocate(count * 4));
+      auto* gathered = static_cast<float*>(t->allocate(g * count * 4));
       CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       t->reduce_scatter_mean(stream, 0, send, recv, count);
       t->all_gather(stream, 0, recv, gathered, count * 4);
@@ -226,9 +219,6 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       }
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
-      for (void* p : {static_cast<void*>(send), static_cast<void*>(recv), static_cast<void*>(gathered)}) {
-        testing::rig_free(p, stream);
-      }
       cudaStreamDestroy(stream);
     });
   }

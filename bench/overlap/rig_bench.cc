@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -67,9 +68,9 @@ class RigWeights : public WeightSource {
   bool rs_wait_;
 };
 
-// The ranks' setup meets here before any collective: cudaMalloc and cuBLAS's first GEMMs may wait for
-// the whole device, and so for a peer already waiting for this rank (remat/one_gpu_rig.h). A test
-// harness barrier, not part of any collective.
+// The ranks' setup meets here before any collective: its cudaMalloc calls and cuBLAS's first GEMMs
+// may wait for the whole device, and so for a peer already waiting for this rank
+// (remat/one_gpu_rig.h). A harness barrier, not part of any collective.
 class SetupBarrier {
  public:
   explicit SetupBarrier(int n) : n_(n) {}
@@ -177,7 +178,10 @@ int run(int ranks, remat::OneGpuRig::Flags flags, const Options& o, int argc, ch
   for (kernels::WireFormat wire : o.wires) {
     for (int depth : o.depths) {
       for (bool rs_wait : {true, false}) {
-        remat::OneGpuRig rig(0, ranks, {}, flags);
+        // Each rank's backend memory comes from an arena allocated up front: its slots, chunks and
+        // pooled FP32 grad buffers stay well under 16 FP32 weights.
+        const std::int64_t arena = std::max<std::int64_t>(std::int64_t{2} << 30, 16 * o.n * o.k * 4);
+        remat::OneGpuRig rig(0, ranks, {}, flags, std::chrono::seconds(30), arena);
         if (rig_flags.empty()) std::printf("rig flags: %s\n", rig.flags().c_str());
         rig_flags = rig.flags();
         std::vector<StepTimes> per_rank(ranks);

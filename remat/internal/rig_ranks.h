@@ -3,8 +3,6 @@
 // instead of hanging, the watchdog prints what it knows and ends the process with status 3.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -12,7 +10,6 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,22 +34,6 @@ inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
   const char* v = std::getenv("GTP_RIG_FLAGS");
   if (v != nullptr && *v != '\0') return {rig_flags_from_env()};
   return {OneGpuRig::Flags::kKernels, OneGpuRig::Flags::kAuto};
-}
-
-// A test's own device buffers while peers may be waiting for this rank: cudaMalloc / cudaFree may
-// wait for every stream of the device (a peer's too), cudaMallocAsync / cudaFreeAsync on the rank's
-// own stream do not. Free only after the rank's last collective that uses the buffer.
-inline void* rig_malloc(std::int64_t bytes, cudaStream_t stream) {
-  void* ptr = nullptr;
-  if (cudaMallocAsync(&ptr, static_cast<std::size_t>(bytes), stream) != cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess) {
-    throw std::runtime_error("one-GPU rig test: cudaMallocAsync of " + std::to_string(bytes) + " bytes failed");
-  }
-  return ptr;
-}
-inline void rig_free(void* ptr, cudaStream_t stream) {
-  cudaFreeAsync(ptr, stream);
-  cudaStreamSynchronize(stream);
 }
 
 // The watchdog's limit: GTP_RIG_WATCHDOG_S seconds (a whole number), else 300.

@@ -216,9 +216,10 @@ class DeviceOps : public ChainOps {
   cudaEvent_t* next_ = nullptr;
 };
 
-// Runs warm-up then timed steps of the chain (run_step) on `stream`, one device sync at the end.
+// Runs warm-up then timed steps of the chain (run_step) on `stream`, one sync of `stream` at the end.
+// `watch_memory` false: no cudaMemGetInfo between steps (peak_bytes is then not measured).
 inline StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a, WeightSource& weights, cudaStream_t stream,
-                    std::int64_t free_before, std::int64_t& least_free) {
+                    std::int64_t free_before, std::int64_t& least_free, bool watch_memory = true) {
   const size_t per_step = marks_per_step(o.layers, o.microbatches);
   Events ev(per_step * static_cast<size_t>(o.iters));
   DeviceOps ops(o, gemms, a, stream);
@@ -228,7 +229,7 @@ inline StepTimes run_steps(const Options& o, const Gemms& gemms, Activations& a,
     if (it > 0) weights.between_steps();  // before the step's first mark: not timed
     ops.start_step(it >= o.warmup ? &ev.events[per_step * static_cast<size_t>(it - o.warmup)] : nullptr);
     run_step(o.layers, o.microbatches, weights, ops);
-    least_free = std::min(least_free, free_device_bytes());
+    if (watch_memory) least_free = std::min(least_free, free_device_bytes());
   }
   const auto host_end = std::chrono::steady_clock::now();
   CUDA(cudaStreamSynchronize(stream));

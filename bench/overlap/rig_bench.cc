@@ -147,9 +147,10 @@ StepTimes run_rank(remat::OneGpuRig& rig, SetupBarrier& setup, int rank, int ran
     for (const remat::WeightDesc& desc : descs) ids.push_back(runtime.register_weight(desc));
     runtime.shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream);
     RigWeights weights(runtime, backend, ids, stream, rs_wait);
-    const std::int64_t before = free_device_bytes();
-    std::int64_t least_free = before;
-    t = run_steps(o, gemms, acts, weights, stream, before, least_free);
+    // No cudaMemGetInfo between steps (watch_memory false): nothing that might wait for the device
+    // while a peer waits for this rank.
+    std::int64_t least_free = 0;
+    t = run_steps(o, gemms, acts, weights, stream, 0, least_free, false);
     CUDA(cudaStreamSynchronize(stream));
   }
   cublasDestroy(handle);

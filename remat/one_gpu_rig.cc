@@ -73,6 +73,7 @@ std::vector<std::vector<std::vector<int>>> checked_groups(int world, std::vector
 struct OneGpuRig::State {
   int device = 0;
   bool memops = false;
+  bool memops_progress = false;  // stream writes reach the mapped progress words (probed)
   long long timeout_ns = 0;
   std::vector<Comm> comms;
   std::vector<std::vector<int>> comm_of;  // [world rank][2 * group + (reduce-scatter ? 1 : 0)]
@@ -196,7 +197,7 @@ class Transport : public DeviceCollectives {
       op(s_.wait(stream, flag, 1, CU_STREAM_WAIT_VALUE_EQ), "wait for flag");
       op(s_.write(stream, flag, 0, CU_STREAM_WRITE_VALUE_DEFAULT), "lower flag");
     }
-    if (done != 0) {
+    if (done != 0 && s_.memops_progress) {
       op(s_.write(stream, reinterpret_cast<CUdeviceptr>(progress), done, CU_STREAM_WRITE_VALUE_DEFAULT), "progress");
     }
   }
@@ -311,6 +312,16 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
   s.write = driver_entry("cuStreamWriteValue32");
   s.wait = driver_entry("cuStreamWaitValue32");
   s.memops = flags != Flags::kKernels && memops_usable(s, scratch);
+  if (s.memops) {  // the progress words are mapped host memory: a diagnostic, so only if it works
+    cudaStream_t stream = nullptr;
+    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
+      s.memops_progress = s.write(stream, reinterpret_cast<CUdeviceptr>(s.progress_device), 0,
+                                  CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS &&
+                          cudaStreamSynchronize(stream) == cudaSuccess;
+      cudaGetLastError();
+      cudaStreamDestroy(stream);
+    }
+  }
   if (flags == Flags::kStreamMemOps && !s.memops) {
     throw std::runtime_error("one-GPU rig: stream memory operations (cuStreamWaitValue32) are not usable here, "
                              "captured included; use Flags::kKernels or kAuto");

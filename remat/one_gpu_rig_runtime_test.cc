@@ -82,20 +82,36 @@ struct Seen {
 
 bool gemm_layout(const Case& c) { return c.gemm_backward && c.wire.format != kernels::WireFormat::kBF16; }
 
-// One rank's run on either backend. `device`: buffers are device memory and the consumer is `stream`
-// (every copy is ordered on it); else host memory, copies at once. Returns what the rank saw.
-Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, const Case& c) {
-  const auto copy = [&](void* dst, const void* src, std::int64_t bytes) {
+// One rank's run on either backend. With a `stage` (the rig): buffers are device memory, the consumer
+// is `stream`, and every copy is ordered on it, host data through the pinned stage; without: host
+// memory, copies at once. Returns what the rank saw.
+Seen run_rank(Backend& backend, testing::PinnedStage* stage, cudaStream_t stream, int rank, const Case& c) {
+  const bool device = stage != nullptr;
+  // Host to device (and device to device, inside a step): through the pinned stage on `stream`.
+  const auto upload = [&](void* dst, const void* src, std::int64_t bytes) {
     if (device) {
-      EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), cudaSuccess);
+      stage->upload(dst, src, bytes, stream);
     } else {
       std::memcpy(dst, src, bytes);
     }
   };
-  const auto sync = [&] {
+  const auto copy = [&](void* dst, const void* src, std::int64_t bytes) {
     if (device) {
-      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream), cudaSuccess);
+    } else {
+      std::memcpy(dst, src, bytes);
     }
+  };
+  const auto download = [&](void* dst, const void* src, std::int64_t bytes) {
+    if (device) {
+      stage->download(dst, src, bytes, stream);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  };
+  // Waits for this rank's stream only (and lands the downloads).
+  const auto sync = [&] {
+    if (device) stage->finish(stream);
   };
   RuntimeConfig config;
   config.depth = c.depth;
@@ -160,12 +176,12 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
   const auto prepare = [&](int step) {
     for (int l = 0; l < layers; ++l) {
       const auto full = full_weight(l, step);
-      copy(shards[l], full.data() + first[l] * shapes()[l].cols, valid[l] * shapes()[l].cols * 4);
+      upload(shards[l], full.data() + first[l] * shapes()[l].cols, valid[l] * shapes()[l].cols * 4);
       const std::vector<float> zeros(std::max<std::int64_t>(valid[l], 1) * shapes()[l].cols, 0.0f);
-      copy(main_grads[l], zeros.data(), zeros.size() * 4);
+      upload(main_grads[l], zeros.data(), zeros.size() * 4);
       for (int mb = 0; mb < c.microbatches; ++mb) {
         const auto g = contribution(step, rank, mb, l);
-        copy(wgrads[mb * layers + l], g.data(), g.size() * 4);
+        upload(wgrads[mb * layers + l], g.data(), g.size() * 4);
       }
     }
     sync();
@@ -222,11 +238,11 @@ Seen run_rank(Backend& backend, bool device, cudaStream_t stream, int rank, cons
     for (std::size_t i = 0; i < copies.size(); ++i) {
       const std::int64_t bytes = copy_bytes[i % (2 * layers)];
       seen.weights.emplace_back(bytes);
-      copy(seen.weights.back().data(), copies[i], bytes);
+      download(seen.weights.back().data(), copies[i], bytes);
     }
     for (int l = 0; l < layers; ++l) {
       seen.main_grads.emplace_back(valid[l] * shapes()[l].cols);
-      copy(seen.main_grads.back().data(), main_grads[l], valid[l] * shapes()[l].cols * 4);
+      download(seen.main_grads.back().data(), main_grads[l], valid[l] * shapes()[l].cols * 4);
     }
     sync();
   };
@@ -303,7 +319,7 @@ void compare(const Case& c) {
                                        : std::vector<comm::HostComm*>{&comm});
       Case eager = c;
       eager.capture = false;  // the reference runs every step eagerly
-      host[rank] = run_rank(backend, false, nullptr, rank, eager);
+      host[rank] = run_rank(backend, nullptr, nullptr, rank, eager);
     }));
   }
   std::vector<int> all(c.ranks);
@@ -311,13 +327,14 @@ void compare(const Case& c) {
   std::vector<std::vector<std::vector<int>>> groups = {{all}};
   if (c.two_groups) groups.push_back({all});
   OneGpuRig rig(0, c.ranks, groups, testing::rig_flags_from_env());
+  auto stages = testing::pinned_stages(c.ranks, std::int64_t{8} << 20);  // before any rank runs
   testing::on_rig_ranks(rig, [&](int rank) {
     ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
     cudaStream_t stream = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     {
       CudaBackend backend(0, rig.transport(rank));
-      rig_seen[rank] = run_rank(backend, true, stream, rank, c);
+      rig_seen[rank] = run_rank(backend, stages[rank].get(), stream, rank, c);
     }
     cudaStreamDestroy(stream);
   });

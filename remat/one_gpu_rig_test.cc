@@ -70,7 +70,7 @@ struct RoundBuffers {
 // element-wise max; the reduce-scatter the mean, summed in the host backend's ring order (rank + 1
 // first), so the bits match HostComm's. Synchronizes only its own streams.
 void check_rounds(DeviceCollectives& t, cudaStream_t stream, cudaStream_t rs_stream, int group,
-                  const std::vector<Round>& rounds, bool in_place, RoundBuffers& b) {
+                  const std::vector<Round>& rounds, bool in_place, RoundBuffers& b, testing::PinnedStage& stage) {
   const int size = t.size(group), rank = t.rank(group);
   for (const Round& r : rounds) {
     // All-gather: byte i of rank q is (7 q + seed + i) mod 251.
@@ -80,25 +80,25 @@ void check_rounds(DeviceCollectives& t, cudaStream_t stream, cudaStream_t rs_str
     std::memcpy(mine.data(), all.data() + rank * r.bytes_per_rank, r.bytes_per_rank);
     CUDA_OK(cudaMemsetAsync(b.gather, 0xEE, all.size(), stream));
     unsigned char* send = in_place ? b.gather + rank * r.bytes_per_rank : b.send;
-    CUDA_OK(cudaMemcpyAsync(send, mine.data(), mine.size(), cudaMemcpyHostToDevice, stream));
+    stage.upload(send, mine.data(), static_cast<std::int64_t>(mine.size()), stream);
     t.all_gather(stream, group, send, b.gather, r.bytes_per_rank);
     std::vector<unsigned char> got(all.size());
-    CUDA_OK(cudaMemcpyAsync(got.data(), b.gather, got.size(), cudaMemcpyDeviceToHost, stream));
+    stage.download(got.data(), b.gather, static_cast<std::int64_t>(got.size()), stream);
 
     // Max and mean over FP32 values of every rank.
     std::vector<std::vector<float>> inputs;
     for (int q = 0; q < size; ++q) inputs.push_back(values(size * r.count, r.seed * 31 + q));
-    CUDA_OK(cudaMemcpyAsync(b.data, inputs[rank].data(), r.count * 4, cudaMemcpyHostToDevice, stream));
+    stage.upload(b.data, inputs[rank].data(), r.count * 4, stream);
     t.all_reduce_max(stream, group, b.data, r.count);
     std::vector<float> maxima(r.count);
-    CUDA_OK(cudaMemcpyAsync(maxima.data(), b.data, r.count * 4, cudaMemcpyDeviceToHost, stream));
+    stage.download(maxima.data(), b.data, r.count * 4, stream);
     float* rs_recv = in_place ? b.rs_send + rank * r.count : b.rs_recv;
-    CUDA_OK(cudaMemcpyAsync(b.rs_send, inputs[rank].data(), size * r.count * 4, cudaMemcpyHostToDevice, rs_stream));
+    stage.upload(b.rs_send, inputs[rank].data(), size * r.count * 4, rs_stream);
     t.reduce_scatter_mean(rs_stream, group, b.rs_send, rs_recv, r.count);
     std::vector<float> means(r.count);
-    CUDA_OK(cudaMemcpyAsync(means.data(), rs_recv, r.count * 4, cudaMemcpyDeviceToHost, rs_stream));
-    CUDA_OK(cudaStreamSynchronize(stream));
+    stage.download(means.data(), rs_recv, r.count * 4, rs_stream);
     CUDA_OK(cudaStreamSynchronize(rs_stream));
+    stage.finish(stream);
 
     EXPECT_EQ(got, all) << "all-gather, rank " << rank << " of " << size << ", " << r.bytes_per_rank << " bytes";
     for (std::int64_t i = 0; i < r.count; ++i) {
@@ -122,6 +122,7 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
     OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(20));
     std::printf("G = %d, flags by %s\n", g, rig.flags().c_str());
     std::fflush(stdout);
+    auto stages = testing::pinned_stages(g, std::int64_t{32} << 20);  // before any rank runs
     const std::vector<Round> rounds = {{16, 8, 1}, {4096, 1000, 2}, {3, 1, 3}, {1000003, 77777, 4}};
     testing::on_rig_ranks(rig, [&](int rank) {
       CUDA_OK(cudaSetDevice(0));
@@ -133,7 +134,7 @@ TEST_P(RigCollectives, MatchTheirDefinitionsEagerly) {
         RoundBuffers buffers(g, rounds, *t);
         // The gather communicator's two kinds on one stream, the reduce-scatters on another (as the
         // backend issues them); ranks differ in placement (in place or not), not in order.
-        check_rounds(*t, gather, rs, 0, rounds, rank % 2 == 0, buffers);
+        check_rounds(*t, gather, rs, 0, rounds, rank % 2 == 0, buffers, *stages[rank]);
       }
       cudaStreamDestroy(gather);
       cudaStreamDestroy(rs);
@@ -151,6 +152,7 @@ TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   OneGpuRig rig(0, 4, {{{0, 1}, {2, 3}}, {{0, 2}, {1, 3}}});
+  auto stages = testing::pinned_stages(4, std::int64_t{4} << 20);  // before any rank runs
   testing::on_rig_ranks(rig, [&](int rank) {
     CUDA_OK(cudaSetDevice(0));
     auto t = rig.transport(rank);
@@ -163,7 +165,7 @@ TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
     for (cudaStream_t& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     RoundBuffers buffers(2, rounds, *t);
     for (int group : rank % 2 == 0 ? std::vector<int>{0, 1} : std::vector<int>{1, 0}) {
-      check_rounds(*t, streams[2 * group], streams[2 * group + 1], group, rounds, false, buffers);
+      check_rounds(*t, streams[2 * group], streams[2 * group + 1], group, rounds, false, buffers, *stages[rank]);
     }
     for (cudaStream_t s : streams) cudaStreamDestroy(s);
   });
@@ -180,6 +182,7 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
     OneGpuRig rig(0, g, {}, flags, std::chrono::seconds(20));
     std::printf("flags by %s\n", rig.flags().c_str());
     std::fflush(stdout);
+    auto stages = testing::pinned_stages(g, std::int64_t{4} << 20);  // before any rank runs
     testing::on_rig_ranks(rig, [&](int rank) {
       CUDA_OK(cudaSetDevice(0));
       auto t = rig.transport(rank);
@@ -197,7 +200,7 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
       for (int round = 0; round < 5; ++round) {
         std::vector<float> mine = values(g * count, 100 * round + rank);
-        CUDA_OK(cudaMemcpyAsync(send, mine.data(), mine.size() * 4, cudaMemcpyHostToDevice, stream));
+        stages[rank]->upload(send, mine.data(), static_cast<std::int64_t>(mine.size()) * 4, stream);
         if (round % 2 == 0) {
           CUDA_OK(cudaGraphLaunch(exec, stream));
         } else {
@@ -205,8 +208,8 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
           t->all_gather(stream, 0, recv, gathered, count * 4);
         }
         std::vector<float> got(g * count);
-        CUDA_OK(cudaMemcpyAsync(got.data(), gathered, got.size() * 4, cudaMemcpyDeviceToHost, stream));
-        CUDA_OK(cudaStreamSynchronize(stream));
+        stages[rank]->download(got.data(), gathered, static_cast<std::int64_t>(got.size()) * 4, stream);
+        stages[rank]->finish(stream);
         std::vector<std::vector<float>> inputs;
         for (int q = 0; q < g; ++q) inputs.push_back(values(g * count, 100 * round + q));
         for (int owner = 0; owner < g; ++owner) {

@@ -3,13 +3,18 @@
 // instead of hanging, the watchdog prints what it knows and ends the process with status 3.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +39,71 @@ inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
   const char* v = std::getenv("GTP_RIG_FLAGS");
   if (v != nullptr && *v != '\0') return {rig_flags_from_env()};
   return {OneGpuRig::Flags::kKernels, OneGpuRig::Flags::kAuto};
+}
+
+// Page-locked host memory for one rank's copies, allocated before the ranks start: a copy from or to
+// pageable memory is staged by the driver and may wait for more than its own stream, and
+// cudaHostAlloc itself may wait for the device, while a peer may be waiting for this rank.
+// upload / download copy through it on `stream`; downloads land in their host destination at finish()
+// (after synchronizing `stream`), which also makes the stage's room free again.
+class PinnedStage {
+ public:
+  explicit PinnedStage(std::int64_t bytes) : bytes_(bytes) {
+    if (cudaHostAlloc(&base_, static_cast<std::size_t>(bytes), cudaHostAllocDefault) != cudaSuccess) {
+      throw std::runtime_error("one-GPU rig test: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed");
+    }
+  }
+  ~PinnedStage() { cudaFreeHost(base_); }
+  PinnedStage(const PinnedStage&) = delete;
+  PinnedStage& operator=(const PinnedStage&) = delete;
+
+  void upload(void* device, const void* host, std::int64_t bytes, cudaStream_t stream) {
+    if (bytes <= 0) return;
+    char* staged = take(bytes);
+    std::memcpy(staged, host, static_cast<std::size_t>(bytes));
+    check(cudaMemcpyAsync(device, staged, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice, stream));
+  }
+  void download(void* host, const void* device, std::int64_t bytes, cudaStream_t stream) {
+    if (bytes <= 0) return;
+    char* staged = take(bytes);
+    check(cudaMemcpyAsync(staged, device, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, stream));
+    pending_.push_back({host, staged, bytes});
+  }
+  void finish(cudaStream_t stream) {
+    check(cudaStreamSynchronize(stream));
+    for (const Pending& p : pending_) std::memcpy(p.host, p.staged, static_cast<std::size_t>(p.bytes));
+    pending_.clear();
+    used_ = 0;
+  }
+
+ private:
+  struct Pending {
+    void* host;
+    const char* staged;
+    std::int64_t bytes;
+  };
+  static void check(cudaError_t e) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string("one-GPU rig test copy: ") + cudaGetErrorString(e));
+  }
+  char* take(std::int64_t bytes) {
+    const std::int64_t at = (used_ + 255) / 256 * 256;
+    if (at + bytes > bytes_) {
+      throw std::runtime_error("one-GPU rig test: the pinned stage of " + std::to_string(bytes_) +
+                               " bytes is too small for " + std::to_string(bytes) + " more");
+    }
+    used_ = at + bytes;
+    return static_cast<char*>(base_) + at;
+  }
+  void* base_ = nullptr;
+  std::int64_t bytes_, used_ = 0;
+  std::vector<Pending> pending_;
+};
+
+// One stage per rank, allocated here (call it before the ranks start).
+inline std::vector<std::unique_ptr<PinnedStage>> pinned_stages(int ranks, std::int64_t bytes_each) {
+  std::vector<std::unique_ptr<PinnedStage>> stages;
+  for (int r = 0; r < ranks; ++r) stages.push_back(std::make_unique<PinnedStage>(bytes_each));
+  return stages;
 }
 
 // The watchdog's limit: GTP_RIG_WATCHDOG_S seconds (a whole number), else 300.

@@ -33,7 +33,7 @@ step() {  # step LIMIT NAME COMMAND...: log to NAME.log, one verdict line
   [ "$left" -lt "$limit" ] && limit=$left
   timeout -k 5 "$limit" stdbuf -oL -eL "$@" > "$work/$name.log" 2>&1
   local rc=$?
-  echo "== $name exit $rc ($((SECONDS - start)) s) :: $(grep -E '\[  (PASSED|FAILED|SKIPPED) +\]|ERROR SUMMARY|RACECHECK SUMMARY|flags by|one-GPU rig|^rank [0-9]' "$work/$name.log" | sort | uniq -c | head -30 | tr '\n' ' ' | cut -c1-900)"
+  echo "== $name exit $rc ($((SECONDS - start)) s) :: $(grep -E '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|\[  FAILED  \] [A-Z].*\(|ERROR SUMMARY|RACECHECK SUMMARY|flags by|one-GPU rig|^rank [0-9]' "$work/$name.log" | sort | uniq -c | head -30 | tr '\n' ' ' | cut -c1-900)"
   if [ "$rc" != 0 ]; then echo "   last lines:"; tail -n 6 "$work/$name.log" | sed 's/^/   | /'; fi
 }
 for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig; do

@@ -112,8 +112,38 @@ CudaBackend::CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono:
       timeout_(timeout),
       streams_(device),
       events_(device) {
-  priorities.resize(groups_.size());  // none given: the device's greatest priority everywhere
   for (const CudaGroup& g : groups_) shapes_.push_back({g.gather->size(), g.gather->rank()});
+  start(std::move(priorities));
+}
+
+namespace {
+// A test transport's groups: no communicators (comms() only range-checks them).
+std::vector<CudaGroup> transport_groups(const DeviceCollectives* collectives, std::size_t priority_sets) {
+  if (collectives == nullptr) throw std::invalid_argument("CudaBackend: the test transport is null");
+  const std::size_t groups = static_cast<std::size_t>(collectives->group_count());
+  if (groups == 0) throw std::invalid_argument("CudaBackend: the test transport has no groups");
+  if (priority_sets != 0 && priority_sets != groups) {
+    throw std::invalid_argument("CudaBackend: " + std::to_string(priority_sets) + " stream priority sets for " +
+                                std::to_string(groups) + " groups; pass one per group, or none");
+  }
+  return std::vector<CudaGroup>(groups);
+}
+}  // namespace
+
+CudaBackend::CudaBackend(int device, std::unique_ptr<DeviceCollectives> collectives,
+                         std::vector<CudaStreamPriorities> priorities)
+    : device_(device),
+      groups_(transport_groups(collectives.get(), priorities.size())),
+      timeout_(0),
+      streams_(device),
+      events_(device),
+      collectives_(std::move(collectives)) {
+  for (int g = 0; g < collectives_->group_count(); ++g) shapes_.push_back({collectives_->size(g), collectives_->rank(g)});
+  start(std::move(priorities));
+}
+
+void CudaBackend::start(std::vector<CudaStreamPriorities> priorities) {
+  priorities.resize(groups_.size());  // none given: the device's greatest priority everywhere
   check(cudaSetDevice(device_), "cudaSetDevice");
   // One gather stream serves every phase (StreamPool's forward-gather role names it), one stream the
   // reduce-scatters: a re-gather never waits in a stream queue behind a reduce-scatter, nor (each role
@@ -201,9 +231,14 @@ void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, cons
 }
 
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  comm::NcclComm& c = *comms(group).gather;
-  enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
-           "ncclAllGather");
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) {
+    collectives_->all_gather(on(stream), group, send, recv, bytes_per_rank);
+  } else {
+    comm::NcclComm& c = *g.gather;
+    enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
+             "ncclAllGather");
+  }
   CudaFillTags::Pending& fill = fill_tags_->pending;
   if (fill.open) fill.regions.push_back({recv, bytes_per_rank * group_size(group)});
 }
@@ -232,13 +267,17 @@ void CudaBackend::poll_fill_tags() {
 }
 
 void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
-  comm::NcclComm& c = *comms(group).gather;
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) return collectives_->all_reduce_max(on(stream), group, data, count);
+  comm::NcclComm& c = *g.gather;
   enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), on(stream)),
            "ncclAllReduce(max)");
 }
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  comm::NcclComm& c = *comms(group).reduce_scatter;
+  const CudaGroup& g = comms(group);  // throws for an unknown group
+  if (collectives_ != nullptr) return collectives_->reduce_scatter_mean(on(stream), group, send, recv, recv_count);
+  comm::NcclComm& c = *g.reduce_scatter;
   // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
   // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
   const ncclRedOp_t op = group_size(group) == 1 ? ncclSum : ncclAvg;
@@ -276,6 +315,11 @@ const CudaBackend::Live& CudaBackend::live(Event id) const {
 
 void CudaBackend::begin_collectives() {
   if (batching_) throw std::logic_error("CudaBackend: collective batches do not nest");
+  fill_tags_->pending.open = false;
+  if (collectives_ != nullptr) {  // the test transport enqueues each collective as it is called
+    batching_ = true;
+    return;
+  }
   const ncclResult_t result = ncclGroupStart();
   if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
   batching_ = true;
@@ -288,11 +332,13 @@ void CudaBackend::end_collectives() {
   CudaFillTags::Pending& fill = fill_tags_->pending;
   const bool verify = fill.open;
   fill.open = false;
-  const ncclResult_t result = ncclGroupEnd();
-  if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
-    for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
-  } else if (result != ncclSuccess) {
-    throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
+  if (collectives_ == nullptr) {  // the test transport enqueued each collective as it was called
+    const ncclResult_t result = ncclGroupEnd();
+    if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
+      for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
+    } else if (result != ncclSuccess) {
+      throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
+    }
   }
   if (verify) {  // after the gathers, before anything the runtime enqueues next (the unpacks)
     launch("verify_fill_tags_cuda", [&] {
@@ -318,6 +364,9 @@ void CudaBackend::end_call() {
 
 void CudaBackend::cancel_collectives() noexcept {
   batching_ = false;
+  // The test transport enqueued each collective as it was called: nothing is left to cancel (its
+  // peers' flag waits end at the rig's spin timeout).
+  if (collectives_ != nullptr) return;
   // NCCL cannot drop a group's collectives, but a call inside the group that it refuses (here, one
   // on no communicator) makes ncclGroupEnd fail and launch none of them (NCCL's group error).
   float unused = 0;
@@ -326,6 +375,7 @@ void CudaBackend::cancel_collectives() noexcept {
 }
 
 void CudaBackend::abort_communicators(const std::string& /*reason*/) noexcept {
+  if (collectives_ != nullptr) return;  // a test transport has no communicators
   for (const CudaGroup& g : groups_) {
     g.gather->abort();
     g.reduce_scatter->abort();
@@ -435,11 +485,15 @@ void CudaBackend::destroy_graph(Graph graph) noexcept {
 }
 
 void* CudaBackend::do_allocate(std::int64_t bytes) {
+  if (collectives_ != nullptr) return collectives_->allocate(bytes);
   void* ptr = nullptr;
   check(cudaMalloc(&ptr, static_cast<std::size_t>(bytes)), "cudaMalloc");
   return ptr;
 }
 
-void CudaBackend::do_deallocate(void* ptr) { cudaFree(ptr); }
+void CudaBackend::do_deallocate(void* ptr) {
+  if (collectives_ != nullptr) return collectives_->deallocate(ptr);
+  cudaFree(ptr);
+}
 
 }  // namespace gtp::remat

@@ -18,6 +18,7 @@
 #include "comm/nccl.h"
 #include "comm/streams.h"
 #include "remat/backend.h"
+#include "remat/device_collectives.h"
 #include "remat/fill_tags_cuda.h"
 
 namespace gtp::remat {
@@ -58,6 +59,11 @@ class CudaBackend : public Backend {
   // priorities[g] sets group g's side-stream priorities; empty: every group's side streams at the
   // device's greatest priority; any other count is std::invalid_argument (before any CUDA call).
   CudaBackend(int device, std::vector<CudaGroup> groups, std::chrono::milliseconds timeout,
+              std::vector<CudaStreamPriorities> priorities = {});
+  // TEST ONLY: the collectives go to `collectives` (a test transport, e.g. OneGpuRig's ranks, which
+  // sets the groups, sizes and ranks) instead of NCCL; everything else as above. Collective too (the
+  // warm-up). std::invalid_argument for a null transport or a bad priority count.
+  CudaBackend(int device, std::unique_ptr<DeviceCollectives> collectives,
               std::vector<CudaStreamPriorities> priorities = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
@@ -134,6 +140,8 @@ class CudaBackend : public Backend {
  private:
   // Throws std::invalid_argument for an unknown group.
   const CudaGroup& comms(int group) const;
+  // The constructors' shared tail: side streams, then the warm-up collectives.
+  void start(std::vector<CudaStreamPriorities> priorities);
   const std::pair<int, int>& shape(int group) const;  // (size, rank); throws for an unknown group
   void enqueued(comm::NcclComm& comm, int result, const char* what);
   struct Live {
@@ -164,6 +172,7 @@ class CudaBackend : public Backend {
   Graph next_graph_ = 0;
   std::unique_ptr<CudaFillTags> fill_tags_;
   const FillTagCheck* fill_tag_check_ = nullptr;  // the runtime's, from its latest check_fill_tags
+  std::unique_ptr<DeviceCollectives> collectives_;  // a test transport in NCCL's place; null: NCCL
 };
 
 // dst[i] += src[i] for count FP32 values, enqueued on `stream` (remat/add.cu).

@@ -11,6 +11,7 @@ targets=(
   //bindings/c:gtp_fp8_gemm_test //remat:cuda_fill_tags_test //bench/remat:fill_tag_cuda_bench
   //remat:cuda_failure_test //bindings/c:gtp_cuda_watchdog_test
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
+  //remat:one_gpu_rig_test //remat:one_gpu_rig_runtime_test //bench/overlap:gtp-overlap-bench-rig
 )
 bazel build -c opt "${targets[@]}"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib

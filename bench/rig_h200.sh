@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The one-GPU rig on the GPU machine (issue 23): G = 2, 4, 8 ranks as threads on one GPU through the
+# rig (a test double for NCCL, remat/one_gpu_rig.h). Cheapest and most diagnostic first, every step
+# under a time limit and the whole call under GTP_DEADLINE (seconds, default 360):
+#   smoke_kernels, smoke_memops     one_gpu_rig_test at G = 2 only, the rig's two flag modes
+#   rig_test, rig_runtime_test      the rig's collectives; every multi-rank runtime path bit-compared
+#                                   with the host backend (kernel flags: every wait bounded)
+#   overlap_rig                     gtp-overlap-bench-rig: reduce-scatter exposure in backward, the
+#                                   current grad_buffer order against the old one (rs-wait), one run
+#   *_memcheck                      both tests under compute-sanitizer memcheck (API errors reported:
+#                                   no NCCL in these binaries), stream-memory-operation flags
+#   rig_runtime_memops              the runtime test at G = 4 with stream-memory-operation flags
+#   *_racecheck, *_synccheck        the runtime test at G = 2
+# Output is line-buffered (stdbuf) so a killed step still leaves its log; a hung rig ends with the
+# watchdog's report (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
+# Binaries from tools/stage-gpu.sh (.carry/bin). Logs and the JSONs land in $OUT/rig_results.tgz; one
+# summary line per step on stdout. Set GTP_COMMIT to record the commit in the JSON.
+set -uo pipefail
+source bench/gpu_env.sh
+# The rig sets both itself before CUDA starts; exported here too so that the logs say so.
+export CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER
+export GTP_RIG_WATCHDOG_S=${GTP_RIG_WATCHDOG_S:-60}
+bin=.carry/bin
+out=${OUT:-/tmp/gtp-out}
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'tar czf "$out/rig_results.tgz" -C "$work" .' EXIT
+deadline=$(( $(date +%s) + ${GTP_DEADLINE:-360} ))
+step() {  # step LIMIT NAME COMMAND...: log to NAME.log, one verdict line
+  local limit=$1 name=$2; shift 2
+  local start=$SECONDS left=$((deadline - $(date +%s)))
+  if [ "$left" -lt 15 ]; then echo "== $name: skipped, the call's deadline is near"; return; fi
+  [ "$left" -lt "$limit" ] && limit=$left
+  timeout -k 5 "$limit" stdbuf -oL -eL "$@" > "$work/$name.log" 2>&1
+  local rc=$?
+  echo "== $name exit $rc ($((SECONDS - start)) s) :: $(grep -E '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|\[  FAILED  \] [A-Z].*\(|ERROR SUMMARY|RACECHECK SUMMARY|flags by|one-GPU rig|^rank [0-9]' "$work/$name.log" | sort | uniq -c | head -30 | tr '\n' ' ' | cut -c1-900)"
+  if [ "$rc" != 0 ]; then echo "   last lines:"; tail -n 6 "$work/$name.log" | sed 's/^/   | /'; fi
+}
+for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig; do
+  [ -x "$bin/$b" ] || echo "== $b: not in $bin (run tools/stage-gpu.sh)"
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
+step 45 smoke_kernels env GTP_RIG_FLAGS=kernels $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
+step 45 smoke_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
+step 90 rig_test $bin/one_gpu_rig_test
+step 150 rig_runtime_test $bin/one_gpu_rig_runtime_test
+step 90 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
+  --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench.json"
+grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$work/overlap_rig.log"
+step 120 rig_test_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_test
+step 150 rig_runtime_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_runtime_test --gtest_filter='*G2:*CapturedStep*G4'
+step 90 rig_runtime_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_runtime_test --gtest_filter='*G4'
+for tool in racecheck synccheck; do
+  step 90 "rig_runtime_$tool" env GTP_RIG_FLAGS=memops compute-sanitizer --tool $tool --error-exitcode 9 \
+    $bin/one_gpu_rig_runtime_test --gtest_filter='*EveryWire*G2:*CapturedStep*G2'
+done
+step 60 overlap_rig_g8 $bin/gtp-overlap-bench-rig --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
+  --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench_g8.json"
+grep -E "^(rs-wait|current)" "$work/overlap_rig_g8.log"

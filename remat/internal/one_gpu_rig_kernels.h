@@ -1,0 +1,35 @@
+// The one-GPU rig's device code (remat/one_gpu_rig.h): flag rounds by kernel, and the data movement
+// of each collective. Every rank passes its communicator's pointer table (`ptrs`, one per group rank)
+// and its own group rank.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace gtp::remat::rig {
+
+// Written by a kernel flag wait that timed out (mapped host memory), before it traps.
+struct TimeoutReport {
+  volatile int timed_out;
+  volatile int comm, rank, peer, round;
+};
+
+// One flag round by a one-thread kernel: publishes `ptr` into ptrs[rank] when `publish`, raises
+// flags[round][q][rank] for every peer q, waits for flags[round][rank][r] of every peer r (at most
+// `timeout_ns`, then fills `report` and traps) and lowers them.
+// Then, when `progress` is not null, writes `done` there (mapped host memory: the watchdog's report).
+void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr,
+                       int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm,
+                       std::uint32_t* progress, std::uint32_t done);
+
+// recv[r * bytes ...] = ptrs[r][0 .. bytes) for every r (skipped where it is recv's own segment).
+void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes);
+// recv[i] = (sum over r of ptrs[r][rank * count + i]) / size, summed from rank + 1 round to rank, the
+// order of the host backend's ring (comm/host.cc), so both give the same bits.
+void reduce_scatter_mean(cudaStream_t stream, const void* const* ptrs, int size, int rank, float* recv,
+                         std::int64_t count);
+// For each i with i % size == rank: the NaN-propagating max over r of ptrs[r][i], written to every r.
+void all_reduce_max(cudaStream_t stream, const void* const* ptrs, int size, int rank, std::int64_t count);
+
+}  // namespace gtp::remat::rig

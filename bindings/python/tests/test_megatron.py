@@ -1,0 +1,184 @@
+"""gtp.megatron over the host backend with the real Megatron-Core 0.19.2 (no TE, no GPU): the routing
+of gtp_api, parallel state to libgtp groups, Megatron's own GTP layers (ColumnParallelLinear,
+VocabParallelEmbedding at G = 2) driving libgtp, the size and data accounting against Megatron's own
+functions, checkpoint re-shard, and the refusals. Skips, saying why, without megatron-core."""
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
+    pytest.skip("megatron-core is not installed (tools/setup.sh installs megatron-core 0.19.2)", allow_module_level=True)
+
+import gtp.megatron as gm  # noqa: E402
+from ranks import rank_threads, run_ranks  # noqa: E402
+
+IN, OUT, VOCAB = 32, 64, 96
+
+
+def _init(rank, world, store_dir, gtp=1, tp=1):
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
+    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    from megatron.core import parallel_state as ps
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, gtp_remat_size=gtp, create_gloo_process_groups=False)
+    return ps
+
+
+def _config():
+    from megatron.core.model_parallel_config import ModelParallelConfig
+    # BF16 weights: libgtp's bf16 wire materializes BF16, as Megatron's mixed-precision layers use them.
+    return ModelParallelConfig(use_cpu_initialization=True, params_dtype=torch.bfloat16, perform_initialization=True)
+
+
+def _routing(rank, world, store_dir):
+    _init(rank, world, store_dir)
+    import megatron.core.tensor_parallel.gtp_api as api
+    import megatron.core.transformer.cuda_graphs as graphs
+    originals = {name: getattr(api, name) for name in gm.API_NAMES}
+    graph_originals = {name: getattr(graphs, name, None) for name in ("get_ag_stream", "wait_async_comms")}
+    seen = []
+    for _ in range(2):  # reset lets the process start again
+        ctx = gm.use_libgtp(backend="host")
+        routed = {name: getattr(api, name) is not originals[name] for name in gm.API_NAMES if name != "GTPChain"}
+        graph_routed = getattr(graphs, "wait_async_comms") is api.wait_async_comms
+        with pytest.raises(RuntimeError, match="already called"):
+            gm.use_libgtp(backend="host")
+        with pytest.raises(RuntimeError, match="CUDA-graph"):
+            api.get_ag_stream()
+        with pytest.raises(RuntimeError, match="CUDA-graph"):
+            api.classify_gtp_remat_chains([], cuda_graph_impl="local")
+        seen.append((routed, api.HAVE_GTP, graph_routed, ctx.sizes.gtp_remat))
+        gm.reset()
+    restored = all(getattr(api, name) is originals[name] for name in gm.API_NAMES)
+    graphs_restored = all(getattr(graphs, n, None) is v for n, v in graph_originals.items())
+    return seen, restored, graphs_restored, api.HAVE_GTP
+
+
+def test_use_libgtp_routes_every_gtp_api_function_and_reset_restores_them(tmp_path):
+    seen, restored, graphs_restored, have_gtp = run_ranks(_routing, 1)[0]
+    for routed, have, graph_routed, g in seen:
+        assert all(routed.values()), [k for k, v in routed.items() if not v]
+        assert have is True and graph_routed and g == 1
+    assert restored and graphs_restored
+    assert have_gtp is False  # Megatron-Core's own answer without TE, back after reset
+
+
+def _layers(rank, world, store_dir, gtp):
+    ps = _init(rank, world, store_dir, gtp=gtp)
+    ctx = gm.use_libgtp(backend="host")
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+    config = _config()
+    torch.manual_seed(7)
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
+    linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.normal_, bias=False,
+                                  gather_output=False)
+    embedding = VocabParallelEmbedding(VOCAB, IN, init_method=torch.nn.init.normal_, config=config)
+    data = torch.Generator().manual_seed(100 + ctx.sizes.data_parallel_index)
+    tokens = torch.randint(0, VOCAB, (5, 3), generator=data)
+    hidden = embedding(tokens)
+    out, _ = linear(hidden)
+    out.square().sum().backward()
+    result = {"kind": (type(linear.weight).__name__, type(embedding.weight).__name__),
+              "linear_rows": (linear.weight.geometry.row_start, linear.weight.geometry.valid_rows),
+              "embed_rows": (embedding.weight.geometry.row_start, embedding.weight.geometry.valid_rows),
+              "linear": linear.weight.detach().clone(), "embed": embedding.weight.detach().clone(),
+              "linear_grad": linear.weight.grad, "embed_grad": embedding.weight.grad, "tokens": tokens,
+              "out": out.detach(), "group_ranks": torch.distributed.get_process_group_ranks(
+                  ps.get_gtp_weight_remat_group())}
+    gm.reset()
+    return result
+
+
+def test_megatron_column_parallel_linear_and_embedding_at_g2_on_libgtp_match_the_unsharded_layers():
+    """Megatron-Core's own layers call wrap_module_params_gtp, all_gather_and_prefetch, GTPEmbeddingWeight
+    and wgrad_reduce_scatter at G = 2: served by libgtp, outputs and the mean gradient equal the
+    unsharded computation on each rank's data."""
+    results = run_ranks(_layers, 2, 2)
+    assert all(r["kind"] == ("MegatronParameter", "MegatronParameter") for r in results)
+    assert results[0]["group_ranks"] == [0, 1]
+    linear = torch.cat([r["linear"] for r in results])
+    embed = torch.cat([r["embed"] for r in results])
+    assert linear.shape == (OUT, IN) and embed.shape == (VOCAB, IN)
+    grads_l, grads_e = [], []
+    with rank_threads():
+        references = [_reference(r, linear, embed) for r in results]
+    for r, (out, g_l, g_e) in zip(results, references):
+        torch.testing.assert_close(r["out"], out, rtol=0, atol=0)
+        grads_l.append(g_l.float())
+        grads_e.append(g_e.float())
+    mean_l, mean_e = ((grads_l[0] + grads_l[1]) / 2).bfloat16(), ((grads_e[0] + grads_e[1]) / 2).bfloat16()
+    for r in results:
+        s, n = r["linear_rows"]
+        torch.testing.assert_close(r["linear_grad"], mean_l[s:s + n], rtol=0, atol=0)
+        s, n = r["embed_rows"]
+        torch.testing.assert_close(r["embed_grad"], mean_e[s:s + n], rtol=0, atol=0)
+
+
+def _reference(r, linear, embed):
+    """The unsharded layers on one rank's data, in the same ops and dtype as Megatron's path."""
+    w_l = linear.clone().requires_grad_()
+    w_e = embed.clone().requires_grad_()
+    out = torch.matmul(torch.nn.functional.embedding(r["tokens"], w_e), w_l.t())
+    out.square().sum().backward()
+    return out.detach(), w_l.grad, w_e.grad
+
+
+def _groups(rank, world, store_dir, tp, gtp):
+    _init(rank, world, store_dir, gtp=gtp, tp=tp)
+    ctx = gm.use_libgtp(backend="host")  # check=True: all_gather of positions against Megatron's groups
+    sizes = ctx.sizes
+    gm.reset()
+    return sizes
+
+
+def test_libgtp_groups_hold_the_ranks_of_megatrons_groups_tp2_g2():
+    results = run_ranks(_groups, 4, 2, 2)
+    assert [(s.tp_rank, s.gtp_remat_rank) for s in results] == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert all(s.tp == 2 and s.gtp_remat == 2 and s.dp == 1 for s in results)
+
+
+def test_sizes_and_microbatches_follow_megatron_core():
+    from megatron.core.model_parallel_config import resolve_tensor_parallel_weight_shards
+    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
+    for tp in (1, 2, 4):
+        for shards in (None, 1, 2, 3, 4, 6, 8, 16):
+            try:
+                expected = resolve_tensor_parallel_weight_shards(tp, shards, 1)[1]
+            except ValueError:
+                expected = None
+            if expected is None:
+                with pytest.raises(ValueError, match="tensor_parallel_num_weight_shards"):
+                    gm.weight_shards_to_gtp(tp, shards)
+            else:
+                assert gm.weight_shards_to_gtp(tp, shards) == expected
+    sizes = gm.derive_sizes(16, tp=2, num_weight_shards=4)
+    assert (sizes.gtp, sizes.dp, sizes.data_ranks) == (2, 4, 8)
+    with pytest.raises(ValueError, match="world_size \\(12\\) is not divisible .* = 8"):
+        gm.derive_sizes(12, tp=2, num_weight_shards=8)
+    for global_batch in (8, 16, 24, 32, 12):
+        for micro in (1, 2, 4):
+            try:
+                calc = ConstantNumMicroBatchesCalculator(global_batch, micro, sizes.data_ranks, False, 0)
+                expected = calc.get()
+            except AssertionError:
+                expected = None
+            if expected is None:
+                with pytest.raises(ValueError, match="DP \\(4\\) x G \\(2\\)"):
+                    gm.microbatches(global_batch, micro, sizes)
+            else:
+                assert gm.microbatches(global_batch, micro, sizes) == expected
+    assert gm.consumed_samples(3, 32) == 96
+
+
+def test_training_settings_libgtp_does_not_run_are_refused_with_the_fix():
+    from types import SimpleNamespace as NS
+    for config, ddp, match in ((NS(cuda_graph_impl="local"), None, "cuda_graph_impl='none'"),
+                               (NS(delay_wgrad_compute=True), None, "delay_wgrad_compute=False"),
+                               (NS(fp8_param=True), None, "fp8_param_gather"),
+                               (NS(), NS(overlap_param_gather=True), "overlap_param_gather=False"),
+                               (NS(), NS(use_megatron_fsdp=True), "Megatron FSDP")):
+        with pytest.raises(RuntimeError, match=match):
+            gm.check_training(config, ddp)
+    gm.check_training(NS(cuda_graph_impl="none"), NS(overlap_param_gather=False))

@@ -16,6 +16,10 @@ python3 - <<'PY' || { echo "run_megatron: unpacking .carry failed (run bench/meg
 import glob, tarfile, zipfile
 tarfile.open(glob.glob('.carry/te/te_bundle_*.tar.xz')[0]).extractall('/tmp/te', filter='data')
 zipfile.ZipFile(glob.glob('.carry/megatron/megatron_core-*.whl')[0]).extractall('/tmp/mcore')
+try:
+    import psutil  # noqa: F401  (Megatron-Core's torch_dist writer needs it)
+except ImportError:
+    zipfile.ZipFile(glob.glob('.carry/megatron/psutil-*.whl')[0]).extractall('/tmp/mcore')
 PY
 export PYTHONPATH=/tmp/te/site:/tmp/te/deps:/tmp/mcore:$PWD/bindings/python
 export GTP_LIBRARY=$PWD/.carry/bin/libgtp.so

@@ -19,6 +19,12 @@ IN, OUT, VOCAB = 32, 64, 96
 
 def _init(rank, world, store_dir, gtp=1, tp=1):
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    if not torch.cuda.is_available():
+        # Megatron-Core's torch_dist writer calls torch.cuda.synchronize() and puts its one status flag
+        # on torch.cuda.current_device() unconditionally; with no GPU there is no device work to wait
+        # for and the flag goes to the CPU (gloo): these two stand-ins are all that is replaced.
+        torch.cuda.synchronize = lambda *args, **kwargs: None
+        torch.cuda.current_device = lambda: "cpu"
     store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
@@ -182,3 +188,69 @@ def test_training_settings_libgtp_does_not_run_are_refused_with_the_fix():
         with pytest.raises(RuntimeError, match=match):
             gm.check_training(config, ddp)
     gm.check_training(NS(cuda_graph_impl="none"), NS(overlap_param_gather=False))
+
+
+def _sharded(layer):
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+    return layer.sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group(None))
+
+
+def _ckpt_layer(seed):
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    torch.manual_seed(seed)
+    return ColumnParallelLinear(IN, OUT, config=_config(), init_method=torch.nn.init.normal_, bias=True,
+                                gather_output=False)
+
+
+def _ckpt_save(rank, world, store_dir, folder, gtp):
+    _init(rank, world, store_dir, gtp=gtp)
+    gm.use_libgtp(backend="host")
+    from megatron.core import dist_checkpointing
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+    layer = _ckpt_layer(11)
+    dist_checkpointing.save(_sharded(layer), folder)
+    result = (layer.weight.geometry.row_start, layer.weight.detach().clone(), layer.bias.detach().clone())
+    padded = ColumnParallelLinear(IN, 48, config=_config(), init_method=torch.nn.init.normal_, bias=False)
+    try:
+        _sharded(padded)
+        refusal = None
+    except ValueError as error:
+        refusal = str(error)
+    gm.reset()
+    return result + (refusal,)
+
+
+def _ckpt_load(rank, world, store_dir, folder, gtp, libgtp):
+    _init(rank, world, store_dir, gtp=gtp)
+    if libgtp:
+        gm.use_libgtp(backend="host")
+    from megatron.core import dist_checkpointing
+    layer = _ckpt_layer(99)  # other values until loaded
+    layer.load_state_dict(dist_checkpointing.load(_sharded(layer), folder))
+    x = torch.randn(3, 2, IN, generator=torch.Generator().manual_seed(5)).bfloat16()
+    out, _ = layer(x)  # libgtp gathers what it re-packed after the load
+    result = (getattr(layer.weight, "geometry", None) and layer.weight.geometry.row_start,
+              layer.weight.detach().clone(), out.detach(), x)
+    gm.reset()
+    return result
+
+
+def test_torch_dist_checkpoint_saved_at_g2_loads_at_another_g_and_padded_splits_are_refused(tmp_path):
+    """Megatron's sharded_state_dict of libgtp shards at G = 2 (two processes, real torch_dist files) is
+    the GTP-off layout: it loads with GTP off, on libgtp at G = 1 and at G = 4 (each rank its own rows),
+    and libgtp's gathered weight after the load is the saved one (forward output). A split libgtp pads
+    (48 rows over G = 2) is refused at save, naming the sizes that work."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    saved = run_ranks(_ckpt_save, 2, str(folder), 2)
+    weight = torch.cat([w for _, w, _, _ in sorted(saved, key=lambda s: s[0])])
+    for *_, refusal in saved:
+        assert refusal is not None and "48 rows over G=2 are padded to 64" in refusal and "multiple of 32" in refusal
+    for load_gtp, libgtp in ((1, False), (1, True), (4, True)):
+        loaded = run_ranks(_ckpt_load, load_gtp, str(folder), load_gtp, libgtp)
+        for start, shard, out, x in loaded:
+            start = start or 0
+            torch.testing.assert_close(shard, weight[start:start + shard.shape[0]], rtol=0, atol=0)
+            with rank_threads():
+                expected = torch.matmul(x, weight.t()) + saved[0][2]
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)

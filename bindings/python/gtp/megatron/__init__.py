@@ -26,11 +26,18 @@ _BACKEND = None
 
 def _profile(sizes, profile):
     """A libgtp profile whose `parallel` object is Megatron's sizes; the cluster is the caller's, else
-    one host with world_size GPUs (the placement rules then only warn)."""
+    one host with world_size GPUs on one NUMA node holding the CPUs this process may run on (the
+    placement rules then only warn)."""
     import json
+    import os
     if profile is None:
+        cpus = sum(1 << cpu for cpu in os.sched_getaffinity(0))
+        words = []  # hwloc's bitmap syntax: 32-bit words, most significant first, comma-separated
+        while cpus or not words:
+            words.insert(0, f"0x{cpus & 0xffffffff:08x}")
+            cpus >>= 32
         profile = {"schema_version": 1, "cluster": {"template": {"host_count": 1, "host": {
-            "numa_nodes": [{"os_index": 0, "cpuset": "0x1"}],
+            "numa_nodes": [{"os_index": 0, "cpuset": ",".join(words)}],
             "gpus": [{"index": i, "numa_node": 0} for i in range(sizes.world_size)]}}}}
     elif isinstance(profile, str):
         profile = json.loads(profile)

@@ -407,3 +407,24 @@ def test_gtp_loaded_before_torch_leaves_torch_importable():
     env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), ".."))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_parameter_whose_storage_was_replaced_is_repacked_from_its_new_values(tmp_path):
+    """Megatron DDP under the distributed optimizer points `param.data` at its buffer and the optimizer
+    writes there: shard_updated copies the new values into the shard libgtp registered before it
+    re-packs, so the next materialize gathers them (without sync_storage it gathered the old ones)."""
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+        layer = gt.Linear(IN, OUT, context=ctx, bias=False)
+        w = layer.weight
+        buffer = torch.empty(256 + w.numel(), dtype=w.dtype)[256:].view_as(w)  # a DDP-style bucket view
+        buffer.copy_(w.detach())
+        w.data = buffer
+        with torch.no_grad():
+            w.mul_(-2.0)  # the optimizer's update, in the new storage only
+        ctx.shard_updated()
+        full = w.materialize_group_for_forward()
+        assert torch.equal(full, w.detach().to(torch.bfloat16))
+        w.release_group()
+        w.data = torch.empty(3, 3, dtype=w.dtype)
+        with pytest.raises(ValueError, match="same shape and dtype"):
+            ctx.shard_updated()

@@ -55,6 +55,13 @@ def _routing(rank, world, store_dir):
             api.get_ag_stream()
         with pytest.raises(RuntimeError, match="CUDA-graph"):
             api.classify_gtp_remat_chains([], cuda_graph_impl="local")
+        # A TE layer built with use_cpu_initialization would be re-initialized into libgtp's shard
+        # after the build: refused when the layer is built (the module here is a stand-in holding a config).
+        from types import SimpleNamespace
+        with pytest.raises(RuntimeError, match="use_cpu_initialization=False"):
+            with gm.active()._te_init_context(SimpleNamespace(config=SimpleNamespace(use_cpu_initialization=True)),
+                                              64, None, {}):
+                pass
         seen.append((routed, api.HAVE_GTP, graph_routed, ctx.sizes.gtp_remat))
         gm.reset()
     restored = all(getattr(api, name) is originals[name] for name in gm.API_NAMES)

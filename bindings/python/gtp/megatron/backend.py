@@ -25,6 +25,11 @@ _CUDA_GRAPHS = ("Megatron-Core's CUDA-graph runner drives its own GTP streams an
                 "enable_cuda_graph=False), or without gtp.megatron.use_libgtp()")
 
 
+_CPU_INIT = ("use_cpu_initialization=True makes Megatron-Core's TE layers write their initial weight after "
+             "the layer is built, into what is by then libgtp's shard: build with use_cpu_initialization=False "
+             "(the GPU initialization, the same values per TP rank)")
+
+
 class Backend:
     """One libgtp context serving Megatron-Core's GTP weights, and the patches that route to it."""
 
@@ -148,6 +153,8 @@ class Backend:
         """Megatron's _init_gtp_remat_context on libgtp: TE builds the full TP-local weight (with the
         TP-region initialization a GTP-off run gets), then libgtp takes this rank's rows."""
         del gtp_remat_group, extra_kwargs, rng_via_kwarg, out_split_size, is_grouped
+        if getattr(getattr(module, "config", None), "use_cpu_initialization", False):
+            raise RuntimeError(_CPU_INIT)
         yield output_size
         self.distribute_te(module, is_expert=is_expert)
 

@@ -26,7 +26,7 @@ export GTP_LIBRARY=$PWD/.carry/bin/libgtp.so
 nvidia-smi -L
 python3 -c "import torch, transformer_engine as te, transformer_engine.pytorch, megatron.core; print('torch', torch.__version__, 'TE', te.__version__, 'megatron-core ok')"
 status=0
-declare -A limits=([gpt]=110 [moe]=100 [ckpt]=90 [fp8]=90 [recompute]=80)
+declare -A limits=([gpt]=90 [moe]=90 [ckpt]=75 [fp8]=60 [recompute]=60)
 for part in $parts; do
   echo "== $part (limit ${limits[$part]:-90} s)"
   start=$(date +%s)

@@ -84,7 +84,6 @@ def _layers(rank, world, store_dir, gtp):
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
     config = _config()
     torch.manual_seed(7)
-    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed  # noqa: F401
     linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.normal_, bias=False,
                                   gather_output=False)
     embedding = VocabParallelEmbedding(VOCAB, IN, init_method=torch.nn.init.normal_, config=config)

@@ -7,8 +7,6 @@ are built by Megatron's TE extension under `_init_gtp_remat_context`, which at G
 it is replaced too, so TE layers go on libgtp at every G (built full, then sliced to libgtp's rows)."""
 import contextlib
 
-import torch
-
 from ..torch import te as gtp_te
 from . import checkpoint
 from .param import EmbeddingWeight, MegatronParameter

@@ -92,7 +92,9 @@ def _layers(rank, world, store_dir, gtp):
     hidden = embedding(tokens)
     out, _ = linear(hidden)
     out.square().sum().backward()
-    result = {"kind": (type(linear.weight).__name__, type(embedding.weight).__name__),
+    import megatron.core.tensor_parallel.gtp_api as api
+    api.classify_gtp_remat_chains([embedding, linear])  # two "chunks": each weight names its own
+    result = {"chunks": (embedding.weight.model_chunk, linear.weight.model_chunk), "kind": (type(linear.weight).__name__, type(embedding.weight).__name__),
               "linear_rows": (linear.weight.geometry.row_start, linear.weight.geometry.valid_rows),
               "embed_rows": (embedding.weight.geometry.row_start, embedding.weight.geometry.valid_rows),
               "linear": linear.weight.detach().clone(), "embed": embedding.weight.detach().clone(),
@@ -110,6 +112,7 @@ def test_megatron_column_parallel_linear_and_embedding_at_g2_on_libgtp_match_the
     results = run_ranks(_layers, 2, 2)
     assert all(r["kind"] == ("MegatronParameter", "MegatronParameter") for r in results)
     assert results[0]["group_ranks"] == [0, 1]
+    assert all(r["chunks"] == (0, 1) for r in results)
     linear = torch.cat([r["linear"] for r in results])
     embed = torch.cat([r["embed"] for r in results])
     assert linear.shape == (OUT, IN) and embed.shape == (VOCAB, IN)

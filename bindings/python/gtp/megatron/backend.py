@@ -193,10 +193,11 @@ class Backend:
             del moe_shared_expert_overlap
             if cuda_graph_modules or cuda_graph_impl not in (None, "none"):
                 raise RuntimeError(_CUDA_GRAPHS)
-            for chunk in model if isinstance(model, list) else [model]:
+            for index, chunk in enumerate(model if isinstance(model, list) else [model]):
                 for name, p in chunk.named_parameters():
                     if isinstance(p, MegatronParameter):
                         p._debug_name = name
+                        p.model_chunk = index  # the virtual-pipeline chunk: one libgtp chain each
             backend.context.reset_chains()
 
         def configure_gtp_remat_from_recipe(*, fp4=False, fp8_recipe=None, fp8=False, calculate_per_token_loss=False):

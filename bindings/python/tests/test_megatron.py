@@ -55,6 +55,14 @@ def _routing(rank, world, store_dir):
             api.get_ag_stream()
         with pytest.raises(RuntimeError, match="CUDA-graph"):
             api.classify_gtp_remat_chains([], cuda_graph_impl="local")
+        from types import SimpleNamespace as NS
+        for recipe in ("delayed", "mxfp8", "blockwise"):  # Megatron's default FP8 recipe is delayed scaling
+            with pytest.raises(RuntimeError, match="fp8_recipe='tensorwise'"):
+                gm.check_training(NS(fp8="e4m3", fp8_recipe=recipe))
+            with pytest.raises(RuntimeError, match="fp8_recipe='tensorwise'"):
+                api.configure_gtp_remat_from_recipe(fp8="e4m3", fp8_recipe=recipe)
+        gm.check_training(NS(fp8="e4m3", fp8_recipe="tensorwise"))
+        api.configure_gtp_remat_from_recipe(fp8="e4m3", fp8_recipe="tensorwise")
         # A TE layer built with use_cpu_initialization would be re-initialized into libgtp's shard
         # after the build: refused when the layer is built (the module here is a stand-in holding a config).
         from types import SimpleNamespace

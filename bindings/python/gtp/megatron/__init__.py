@@ -99,12 +99,14 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
 def check_training(config, ddp_config=None):
     """Refuses, before training, the Megatron settings the libgtp backend does not run (each error
     names the setting and the fix): CUDA graphs, delayed wgrads, FP8 primary weights, overlapped
-    parameter gathers, Megatron FSDP, per-token loss at G > 1."""
+    parameter gathers, Megatron FSDP; with use_libgtp active also per-token loss at G > 1 and FP8 / FP4
+    recipes other than tensorwise (current scaling)."""
     check_config(config, ddp_config)
     if _BACKEND is not None:
         from .backend import check_recipe
-        check_recipe({"calculate_per_token_loss": getattr(config, "calculate_per_token_loss", False)},
-                     _BACKEND.context.sizes)
+        check_recipe({"calculate_per_token_loss": getattr(config, "calculate_per_token_loss", False),
+                      "fp8": getattr(config, "fp8", None), "fp8_recipe": getattr(config, "fp8_recipe", None),
+                      "fp4": getattr(config, "fp4", None)}, _BACKEND.context.sizes)
 
 
 def active():

@@ -250,10 +250,11 @@ def check_recipe(recipe, sizes):
     if recipe.get("calculate_per_token_loss") and (sizes.gtp_remat > 1 or sizes.expert_gtp_remat > 1):
         raise RuntimeError("calculate_per_token_loss=True needs the gtp_remat axis SUM-reduced; libgtp's "
                            "reduce-scatter takes the mean over G: train with calculate_per_token_loss=False, or at G = 1")
-    if recipe.get("fp4") or recipe.get("fp8_recipe") in ("mxfp8", "blockwise", "mxfp4"):
-        raise RuntimeError(f"the TE recipe {recipe.get('fp8_recipe') or 'fp4'} is refused by libgtp's TE path in "
-                           "LayerNormLinear / GroupedLinear backward (docs/python.md, recipe x wire table): use "
-                           "--fp8-recipe tensorwise (Float8CurrentScaling) or BF16")
+    if recipe.get("fp4") or (recipe.get("fp8") and recipe.get("fp8_recipe") != "tensorwise"):
+        name = "fp4" if recipe.get("fp4") else f"fp8_recipe={recipe.get('fp8_recipe')!r}"
+        raise RuntimeError(f"{name}: libgtp's TE path refuses this recipe in LayerNormLinear / GroupedLinear "
+                           "backward, which Megatron's GPT layers use (docs/python.md, recipe x wire table): use "
+                           "fp8_recipe='tensorwise' (Float8CurrentScaling, --fp8-recipe tensorwise) or BF16")
 
 
 def check_config(config, ddp_config=None):

@@ -70,18 +70,46 @@ def _routing(rank, world, store_dir):
             with gm.active()._te_init_context(SimpleNamespace(config=SimpleNamespace(use_cpu_initialization=True)),
                                               64, None, {}):
                 pass
-        seen.append((routed, api.HAVE_GTP, graph_routed, ctx.sizes.gtp_remat))
+        repacked = _optimizer_step_repacks(ctx)
+        seen.append((routed, api.HAVE_GTP, graph_routed, ctx.sizes.gtp_remat, repacked))
         gm.reset()
     restored = all(getattr(api, name) is originals[name] for name in gm.API_NAMES)
     graphs_restored = all(getattr(graphs, n, None) is v for n, v in graph_originals.items())
     return seen, restored, graphs_restored, api.HAVE_GTP
 
 
+def _optimizer_step_repacks(ctx):
+    """Megatron-Core's own FP32Optimizer.step() on a libgtp weight whose storage was replaced (as DDP's
+    buffer does): after the step libgtp gathers the updated values. The optimizer is built without its
+    constructor, which only puts a loss-scale tensor on CUDA."""
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+    from gtp.torch import te as gtp_te
+    weight = torch.nn.Parameter(torch.randn(OUT, IN, generator=torch.Generator().manual_seed(3)))
+    param = gtp_te._shard_of(weight, ctx, "optimizer_test.weight", "bf16", "gtp_remat", None, {}, gm.MegatronParameter)
+    gm.active()._tag([param])
+    ctx.shard_updated([param])
+    param.data = torch.empty(8 + param.numel())[8:].view_as(param).copy_(param.detach())  # DDP's buffer view
+    param.main_grad = torch.ones_like(param)
+    expected = (param.detach() - 0.5).bfloat16()  # SGD's update of every value by -lr x 1
+    optimizer = FP32Optimizer.__new__(FP32Optimizer)
+    optimizer.optimizer = torch.optim.SGD([param], lr=0.5)
+    optimizer.config = OptimizerConfig(clip_grad=0.0)
+    optimizer.is_stub_optimizer = False
+    ok, _, _ = optimizer.step()
+    full = param.materialize_group_for_forward()
+    param.release_group()
+    return ok and torch.equal(full, expected)
+
+
 def test_use_libgtp_routes_every_gtp_api_function_and_reset_restores_them(tmp_path):
+    """Every gtp_api name (and cuda_graphs' copies) is libgtp's after use_libgtp and Megatron-Core's
+    again after reset, twice in one process; a Megatron-Core optimizer step re-packs libgtp's shards."""
     seen, restored, graphs_restored, have_gtp = run_ranks(_routing, 1)[0]
-    for routed, have, graph_routed, g in seen:
+    for routed, have, graph_routed, g, repacked in seen:
         assert all(routed.values()), [k for k, v in routed.items() if not v]
         assert have is True and graph_routed and g == 1
+        assert repacked, "after Megatron's optimizer step libgtp gathered stale values"
     assert restored and graphs_restored
     assert have_gtp is False  # Megatron-Core's own answer without TE, back after reset
 

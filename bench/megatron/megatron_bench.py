@@ -72,7 +72,15 @@ def build(config, libgtp, wire="bf16", fp32_grads=True, seed=1234, fused=False):
     model_parallel_cuda_manual_seed(seed)
     spec = get_gpt_layer_with_transformer_engine_spec(num_experts=config.num_moe_experts,
                                                       moe_grouped_gemm=bool(config.num_moe_experts))
-    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ).cuda()
+    model = GPTModel(config=config, transformer_layer_spec=spec, vocab_size=VOCAB, max_sequence_length=SEQ)
+    # As megatron.training's get_model does: TP defaults on every parameter, the model on the GPU, the
+    # BF16 wrapper (it casts the parameters Megatron builds in FP32, e.g. the position embedding, and
+    # the first stage's inputs), then DDP built on a side stream.
+    from megatron.core import tensor_parallel
+    from megatron.core.transformer.module import Float16Module
+    for param in model.parameters():
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+    model.cuda(torch.cuda.current_device())
     if fused:  # TE's fused wgrad into main_grad (what gradient_accumulation_fusion asks of TE layers;
         # Megatron's own output layer would need apex for it, so it is set on the TE layers only)
         for module in model.modules():
@@ -82,12 +90,18 @@ def build(config, libgtp, wire="bf16", fp32_grads=True, seed=1234, fused=False):
                                                use_distributed_optimizer=True, bucket_size=4_000_000)
     if libgtp:
         gm.check_training(config, ddp_config)
-    model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    model = Float16Module(config, model)
+    ddp_stream = torch.cuda.Stream()
+    ddp_stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(ddp_stream):
+        model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+    torch.cuda.current_stream().wait_stream(ddp_stream)
     if libgtp:  # what Megatron's training loop calls after the build and the DDP wrap
         from megatron.core.tensor_parallel.gtp_api import classify_gtp_remat_chains
         classify_gtp_remat_chains([model])
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.01, bf16=True,
-                                                       use_distributed_optimizer=True, clip_grad=1.0), [model])
+                                                       params_dtype=torch.bfloat16, use_distributed_optimizer=True,
+                                                       clip_grad=1.0), [model])
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = model.no_sync
     config.grad_scale_func = optimizer.scale_loss
@@ -109,7 +123,8 @@ def forward_step(data_iterator, model):
 
     def loss_func(output_tensor):
         loss = output_tensor.float().mean()
-        return loss, {"lm loss": loss.detach()}
+        # A copy: the schedule scales the returned loss in place (x cp size / microbatches).
+        return loss, {"lm loss": loss.detach().clone()}
     return output, partial(loss_func)
 
 

@@ -229,12 +229,13 @@ def part_fp8(result):
 
 def part_ckpt(result):
     from megatron.core import dist_checkpointing
+    from megatron.core.utils import unwrap_model
     import gtp.megatron as gm
     config = transformer_config()
     folder = tempfile.mkdtemp(prefix="gtp_megatron_ckpt_")
     model, optimizer, _ = build(config, True)
     first, _, _ = train(model, optimizer, 8)
-    model_sd = model.sharded_state_dict()
+    model_sd = unwrap_model(model).sharded_state_dict()  # as megatron.training's checkpointing: the GPTModel
     dist_checkpointing.save({"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd)}, folder)
     after, after_norms, _ = train(model, optimizer, 8, first_step=8)
     result["saved_then"] = {"losses": after, "loss_hex": [x.hex() for x in after]}
@@ -246,10 +247,10 @@ def part_ckpt(result):
         try:
             config = transformer_config()
             model, optimizer, _ = build(config, libgtp, seed=999)  # other weights until loaded
-            model_sd = model.sharded_state_dict()
+            model_sd = unwrap_model(model).sharded_state_dict()
             state = dist_checkpointing.load({"model": model_sd, "optimizer": optimizer.sharded_state_dict(
                 model_sd, is_loading=True)}, folder)
-            model.load_state_dict(state["model"])
+            unwrap_model(model).load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             losses, norms, _ = train(model, optimizer, 8, first_step=8)
             same = [x.hex() for x in losses] == result["saved_then"]["loss_hex"] and norms == after_norms

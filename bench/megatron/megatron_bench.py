@@ -87,7 +87,8 @@ def build(config, libgtp, wire="bf16", fp32_grads=True, seed=1234, fused=False):
             if hasattr(module, "fuse_wgrad_accumulation"):
                 module.fuse_wgrad_accumulation = True
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=fp32_grads, overlap_grad_reduce=True,
-                                               use_distributed_optimizer=True, bucket_size=4_000_000)
+                                               use_distributed_optimizer=True, bucket_size=4_000_000,
+                                               check_for_nan_in_grad=True)  # megatron.training's default
     if libgtp:
         gm.check_training(config, ddp_config)
     model = Float16Module(config, model)

@@ -79,8 +79,11 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
     if store is None:
         store = torch.distributed.distributed_c10d._get_default_store()
         store = torch.distributed.PrefixStore("gtp.megatron", store)
+    # One rank without a profile: libgtp's own defaults are exactly these sizes (all 1), as the
+    # gtp.torch TE runs use them; otherwise the profile carries Megatron's sizes.
+    profile_json = None if profile is None and sizes.world_size == 1 else _profile(sizes, profile)
     context = gt.Context(store, torch.distributed.get_rank(), sizes.world_size, backend=backend,
-                         profile_json=_profile(sizes, profile), prefetch_depth=prefetch_depth,
+                         profile_json=profile_json, prefetch_depth=prefetch_depth,
                          memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s)
     try:
         if check:

@@ -37,7 +37,7 @@ fi
 # the python3 on PATH. Only what is missing or at another version is installed, so a second run changes
 # nothing.
 constraints="$(dirname "$0")/constraints.txt"
-python_packages=(numpy pytest torch matplotlib)
+python_packages=(numpy pytest torch matplotlib psutil)
 mismatched=()
 for p in "${python_packages[@]}"; do
   pinned="$(grep -i "^${p}==" "$constraints" | cut -d= -f3)"
@@ -52,6 +52,33 @@ else
   echo "setup: pip installing ${mismatched[*]} (PyPI, pinned by tools/constraints.txt) for $python"
   python3 -m pip install --quiet --disable-pip-version-check -c "$constraints" "${mismatched[@]}"
   echo "setup: installed ${mismatched[*]}"
+fi
+
+# megatron-core (gtp.megatron's CPU tests drive its real layers, parallel state and checkpoints): pip
+# installs it on Python >= 3.12, what its wheel declares. It is pure Python but for one dataset helper,
+# and imports (without TransformerEngine) on 3.11 too, where pip refuses the cp312 wheel: there the
+# pinned wheel is downloaded with pip and its Python files unpacked into site-packages (the helper .so
+# left out), with its metadata, so importlib.metadata sees the version.
+megatron_pin="$(grep -i '^megatron-core==' "$constraints" | cut -d= -f3)"
+megatron_have="$(python3 -c "import importlib.metadata as m; print(m.version('megatron-core'))" 2>/dev/null || true)"
+if [ "$megatron_have" = "$megatron_pin" ]; then
+  echo "setup: megatron-core $megatron_pin already installed for $python"
+elif python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps "megatron-core==$megatron_pin"
+  echo "setup: installed megatron-core $megatron_pin (pip, no extras: gtp.megatron needs torch, numpy, packaging)"
+else
+  wheel_dir="$(mktemp -d)"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 "megatron-core==$megatron_pin" -d "$wheel_dir"
+  python3 - "$wheel_dir" <<'PY'
+import glob, sys, sysconfig, zipfile
+wheel = zipfile.ZipFile(glob.glob(sys.argv[1] + "/megatron_core-*.whl")[0])
+names = [n for n in wheel.namelist() if n.endswith((".py", ".json", ".typed")) or ".dist-info/" in n]
+wheel.extractall(sysconfig.get_paths()["purelib"], members=names)
+print(f"setup: unpacked megatron-core's {len(names)} Python files into {sysconfig.get_paths()['purelib']} "
+      "(Python < 3.12: pip refuses its cp312 wheel)")
+PY
+  rm -rf "$wheel_dir"
 fi
 
 if [ -x /usr/local/cuda/bin/nvcc ]; then

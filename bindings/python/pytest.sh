@@ -5,6 +5,7 @@
 set -euo pipefail
 library="$(readlink -f "$1")"
 launcher="$(readlink -f "$2")"
+shift 2  # the rest: which tests (pytest paths and options; default: the whole folder)
 python="${GTP_PYTHON:-python3}"
 if ! "$python" -c "import numpy, pytest" 2>/dev/null; then
   echo "pytest.sh: $python lacks numpy or pytest: run tools/setup.sh, then tools/test.sh (or set GTP_PYTHON" \
@@ -21,5 +22,6 @@ if ! python_starts_preloaded "$python"; then
        "cannot run in an uninstrumented interpreter); the suite runs in the plain and --config=asan builds"
   exit 0
 fi
-exec "$python" -m pytest -q -p no:cacheprovider tests ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"} \
+[ $# -gt 0 ] || set -- tests
+exec "$python" -m pytest -q -p no:cacheprovider "$@" ${XML_OUTPUT_FILE:+--junitxml="$XML_OUTPUT_FILE"} \
   -o junit_family=xunit1 -rs

@@ -45,6 +45,7 @@ def inspect(wheel, library, version):
             if listed[name] != (expect, str(len(data))):
                 fail(f"RECORD's entry for {name} is {listed[name]}, the file is {expect},{len(data)}")
         for needed in ("gtp/__init__.py", "gtp/_lib.py", "gtp/torch/__init__.py", "gtp/torch/linear.py",
+                       "gtp/megatron/__init__.py", "gtp/megatron/backend.py",
                        "gtp/libgtp.so", f"{dist_info}/METADATA", f"{dist_info}/WHEEL"):
             if needed not in names:
                 fail(f"the wheel lacks {needed}")

@@ -424,3 +424,24 @@ def test_view_at_gives_one_tensor_per_memory_shape_dtype_and_requires_grad(tmp_p
         assert trained is not a and trained.requires_grad and not a.requires_grad
         assert ctx.view_at(memory.data_ptr(), (4, 16), torch.float32) is not a
         assert ctx.view_at(memory.data_ptr() + 32, (8, 8), torch.float32)[0, 0].item() == memory[8].item()
+
+
+def test_a_parameter_whose_storage_was_replaced_is_repacked_from_its_new_values(tmp_path):
+    """Megatron DDP under the distributed optimizer points `param.data` at its buffer and the optimizer
+    writes there: shard_updated copies the new values into the shard libgtp registered before it
+    re-packs, so the next materialize gathers them (without sync_storage it gathered the old ones)."""
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+        layer = gt.Linear(IN, OUT, context=ctx, bias=False)
+        w = layer.weight
+        buffer = torch.empty(256 + w.numel(), dtype=w.dtype)[256:].view_as(w)  # a DDP-style bucket view
+        buffer.copy_(w.detach())
+        w.data = buffer
+        with torch.no_grad():
+            w.mul_(-2.0)  # the optimizer's update, in the new storage only
+        ctx.shard_updated()
+        full = w.materialize_group_for_forward()
+        assert torch.equal(full, w.detach().to(torch.bfloat16))
+        w.release_group()
+        w.data = torch.empty(3, 3, dtype=w.dtype)
+        with pytest.raises(ValueError, match="same shape and dtype"):
+            ctx.shard_updated()

@@ -212,6 +212,9 @@ class Context(core.Context):
         """Collective re-pack of the wire chunks after an optimizer step. weights: gtp.Weight or
         ShardedParameter objects; None: every parameter of this context."""
         items = self.parameters if weights is None else list(weights)
+        for item in items:  # a parameter whose storage was replaced: its new values into libgtp's shard
+            for member in getattr(item, "group_members", ()):
+                member.sync_storage()
         super().shard_updated([getattr(w, "gtp_weight", w) for w in items],
                               self.stream() if stream is None else stream)
 

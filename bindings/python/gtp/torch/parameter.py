@@ -43,6 +43,10 @@ class ShardedParameter(torch.nn.Parameter):
         param = super().__new__(cls, shard, requires_grad=True)
         param.context, param.geometry, param.wire = context, geometry, wire
         param.full_shape = (rows, cols)
+        # The tensor whose memory libgtp reads. A framework may later point the parameter elsewhere
+        # (Megatron DDP's `param.data = <buffer view>`): sync_storage() copies it back before a re-pack.
+        param._registered_shard = shard
+        param.model_chunk = 0  # the virtual-pipeline chunk its materializations name (Megatron's VPP)
         param._gtp_main_grad = torch.zeros_like(shard, dtype=torch.float32)  # what libgtp adds into
         param._main_grad_target = None  # a tensor the caller assigned to main_grad, if any
         param._grad_ready_hooks = []
@@ -80,6 +84,21 @@ class ShardedParameter(torch.nn.Parameter):
                              f"{tuple(value.shape)} on {value.device}")
         self._main_grad_target = value
 
+    def sync_storage(self):
+        """Copies the parameter's values into the memory libgtp registered when they are no longer the
+        same memory (its storage was replaced, e.g. by Megatron DDP's parameter buffer); returns whether
+        it copied. The context's shard_updated calls it before every re-pack."""
+        registered = self._registered_shard
+        if self.numel() == 0 or self.data_ptr() == registered.data_ptr():
+            return False
+        if tuple(self.shape) != tuple(registered.shape) or self.dtype != registered.dtype:
+            raise ValueError(f"'{self.gtp_weight.name}' now holds a {self.dtype} {tuple(self.shape)} tensor but libgtp "
+                             f"registered a {registered.dtype} {tuple(registered.shape)} shard; replace .data only by "
+                             "a tensor of the same shape and dtype")
+        with torch.no_grad():
+            registered.copy_(self.detach())
+        return True
+
     def __reduce_ex__(self, protocol):  # pickles (torch.save of a module) as its plain shard
         return torch.Tensor.__reduce_ex__(self.detach(), protocol)
 
@@ -97,7 +116,7 @@ class ShardedParameter(torch.nn.Parameter):
         stream = context.stream()
         quantized = te_quantized.recipe_layout(self, phase)
         if quantized == te_quantized.FP8_CURRENT:
-            views = context.materialize_views([self.gtp_weight], phase, layout="gemm", stream=stream)
+            views = context.materialize_views([self.gtp_weight], phase, self.model_chunk, layout="gemm", stream=stream)
             context.open_use(self, "gemm", stream)
             # TE only ever adds usages to a weight's quantized tensor (quantize_weight, update_usage(True)),
             # so one Float8Tensor per slot serves every materialize of it.
@@ -106,7 +125,7 @@ class ShardedParameter(torch.nn.Parameter):
                                            lambda view=view, member=member: te_quantized.float8_tensor(view, member))
                        for view, member in zip(views, self.group_members)]
         else:
-            ptrs = context.materialize([self.gtp_weight], phase, stream=stream)
+            ptrs = context.materialize([self.gtp_weight], phase, model_chunk=self.model_chunk, stream=stream)
             context.open_use(self, "bf16", stream)
             rows, cols = self.full_shape
             if quantized == te_quantized.QUANTIZE_BF16:

@@ -15,9 +15,17 @@ _UNSUPPORTED = {
 }
 
 
+def _te_class(module):
+    """The TE class a layer is (or derives from: Megatron's TELinear is a te.Linear), else None."""
+    for cls in type(module).__mro__:
+        if cls.__module__.startswith("transformer_engine.pytorch"):
+            return cls
+    return None
+
+
 def _te_layer_kind(module):
-    cls = type(module)
-    if not cls.__module__.startswith("transformer_engine.pytorch"):
+    cls = _te_class(module)
+    if cls is None:
         return None
     if cls.__name__ in _UNSUPPORTED:
         return "unsupported"
@@ -28,17 +36,20 @@ def _te_layer_kind(module):
     return None
 
 
-def _shard_of(weight, context, name, wire, group, leader, register_kwargs):
+def _shard_of(weight, context, name, wire, group, leader, register_kwargs, param_class=ShardedParameter):
     rows, cols = weight.shape
     g = context.geometry(rows, cols, wire, group)
     shard = weight.detach()[g.row_start:g.row_start + g.valid_rows].contiguous()
-    param = ShardedParameter(shard, context, name, rows, cols, wire, group, leader, **register_kwargs)
+    param = param_class(shard, context, name, rows, cols, wire, group, leader, **register_kwargs)
     param.requires_grad_(weight.requires_grad)
+    for key, value in vars(weight).items():  # the framework's tags (TE's tensor_model_parallel, ...)
+        if not hasattr(param, key):
+            setattr(param, key, value)
     return param
 
 
 def distribute(module, context, *, wire="bf16", group=None, expert_group="expert_gtp_remat", prefix=None,
-               **register_kwargs):
+               param_class=ShardedParameter, **register_kwargs):
     """Shards the weight of every TE layer in `module` (itself included) over `context`'s groups and
     returns the new ShardedParameters in order. Collective: every rank of a group calls it with the same
     model, in the same order. Each weight keeps this rank's rows of its current value (build the model
@@ -47,8 +58,9 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
     wire: "bf16", "fp8", "mxfp8" or "nvfp4" (under a TE FP8 recipe the FP8 wire is handed to TE's
     Float8CurrentScaling GEMMs as a Float8Tensor; docs/python.md); group: the group of te.Linear and
     te.LayerNormLinear weights (default "gtp_remat"); expert_group: te.GroupedLinear's (its experts);
-    prefix: the weights' names in libgtp (default: the module paths); register_kwargs: as
-    ShardedParameter's (nvfp4_2d, mx_rounding, gemm_scales).
+    prefix: the weights' names in libgtp (default: the module paths); param_class: a ShardedParameter
+    subclass to create (gtp.megatron's adds Megatron's names); register_kwargs: as ShardedParameter's
+    (nvfp4_2d, mx_rounding, gemm_scales). Attributes a framework set on the old weights are copied.
     Refuses, before changing anything, TE layers that cannot take a distributed weight (te.LayerNormMLP),
     layers with split parameters, single grouped weights, delayed wgrads and quantized primary weights."""
     group = group or "gtp_remat"
@@ -57,7 +69,7 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
         kind = _te_layer_kind(sub)
         where = path or type(module).__name__
         if kind == "unsupported":
-            raise ValueError(f"{where}: {_UNSUPPORTED[type(sub).__name__]}")
+            raise ValueError(f"{where}: {_UNSUPPORTED[_te_class(sub).__name__]}")
         if kind == "one" and list(sub.weight_names) != ["weight"]:
             raise ValueError(f"{where}: a {type(sub).__name__} with parameters_split {sub.weight_names} has "
                              "several weights in one layer; build it without parameters_split to distribute it")
@@ -83,7 +95,8 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
     for path, kind, sub in targets:
         base = ".".join(p for p in (prefix, path) if p) or type(sub).__name__.lower()
         if kind == "one":
-            param = _shard_of(sub.weight, context, f"{base}.weight", wire, group, None, register_kwargs)
+            param = _shard_of(sub.weight, context, f"{base}.weight", wire, group, None, register_kwargs,
+                              param_class)
             sub.register_parameter("weight", param)
             context.shard_updated([param])
             created.append(param)
@@ -91,7 +104,7 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
         leader = None
         for i in range(sub.num_gemms):
             param = _shard_of(getattr(sub, f"weight{i}"), context, f"{base}.weight{i}", wire, expert_group, leader,
-                              register_kwargs)
+                              register_kwargs, param_class)
             if leader is None:
                 leader = param
             sub.register_parameter(f"weight{i}", param)

@@ -1,0 +1,292 @@
+"""Routes Megatron-Core 0.19's gtp_api to libgtp (see gtp.megatron and docs/megatron.md).
+
+Megatron-Core calls its GTP through megatron.core.tensor_parallel.gtp_api, imported lazily at every
+call site except transformer/cuda_graphs.py (at module load). Replacing gtp_api's names (and
+cuda_graphs' copies) before the model is built therefore makes every later call libgtp's. TE layers
+are built by Megatron's TE extension under `_init_gtp_remat_context`, which at G = 1 does nothing;
+it is replaced too, so TE layers go on libgtp at every G (built full, then sliced to libgtp's rows)."""
+import contextlib
+
+from ..torch import te as gtp_te
+from . import checkpoint
+from .param import EmbeddingWeight, MegatronParameter
+
+# The gtp_api names, each with libgtp's implementation below (installed by Backend.install).
+API_NAMES = ("GTPChain", "GTPEmbeddingWeight", "attach_gtp_to_presharded_module", "classify_gtp_remat_chains",
+             "configure_gtp_remat_from_recipe", "dequantize_gtp_native_fp8", "get_ag_stream", "get_rs_stream",
+             "gtp_native_fp8_load_context", "gtp_remat_shard_dim0", "is_gtp_param",
+             "make_sharded_tensors_for_checkpoint_with_gtp_remat", "set_cuda_graph_mempool", "wait_async_comms",
+             "wait_for_gtp_grad_reduction_on_current_stream", "wrap_module_params_gtp")
+
+_CUDA_GRAPHS = ("Megatron-Core's CUDA-graph runner drives its own GTP streams and chain tickets; the libgtp "
+                "backend does not implement them: train without CUDA graphs (cuda_graph_impl='none', "
+                "enable_cuda_graph=False), or without gtp.megatron.use_libgtp()")
+
+
+_CPU_INIT = ("use_cpu_initialization=True makes Megatron-Core's TE layers write their initial weight after "
+             "the layer is built, into what is by then libgtp's shard: build with use_cpu_initialization=False "
+             "(the GPU initialization, the same values per TP rank)")
+
+
+class Backend:
+    """One libgtp context serving Megatron-Core's GTP weights, and the patches that route to it."""
+
+    def __init__(self, context, wire="bf16", pg_gtp=None, pg_expert_gtp=None):
+        self.context = context
+        self.wire = wire
+        self.groups = {"gtp_remat": pg_gtp, "expert_gtp_remat": pg_expert_gtp}
+        self.params = []          # every MegatronParameter, in build order
+        self.modules = []         # the layers whose weights are on libgtp
+        self._saved = []          # (object, name, old value) to undo
+        self._names = 0
+        self._step_depth = 0
+        self.recipe = {}
+
+    # -- installing and removing the routes --
+    def _set(self, obj, name, value):
+        self._saved.append((obj, name, getattr(obj, name, _MISSING)))
+        setattr(obj, name, value)
+
+    def install(self):
+        import importlib
+        api = importlib.import_module("megatron.core.tensor_parallel.gtp_api")
+        impl = self.implementations()
+        self._set(api, "HAVE_GTP", True)
+        for name in API_NAMES:
+            self._set(api, name, impl[name])
+        # cuda_graphs binds some names at its import; rebind them there (and HAVE_GTP, which it read).
+        graphs = importlib.import_module("megatron.core.transformer.cuda_graphs")
+        for name in ("GTPChain", "get_ag_stream", "get_rs_stream", "set_cuda_graph_mempool", "wait_async_comms"):
+            self._set(graphs, name, impl[name])
+        self._set(graphs, "HAVE_GTP", True)
+        try:  # only with TransformerEngine
+            te_ext = importlib.import_module("megatron.core.extensions.transformer_engine")
+        except ImportError:
+            te_ext = None
+        if te_ext is not None:
+            self._set(te_ext, "_init_gtp_remat_context", self._te_init_context)
+        self._patch_optimizers()
+
+    def uninstall(self):
+        while self._saved:
+            obj, name, old = self._saved.pop()
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+    def _patch_optimizers(self):
+        """After each (outermost) Megatron optimizer step, re-pack every libgtp shard from the
+        parameters the optimizer just wrote (the distributed optimizer's copy into DDP's buffer
+        included): Context.shard_updated copies a replaced storage back first."""
+        from megatron.core.optimizer import optimizer as opt
+        backend = self
+        for cls in (opt.MegatronOptimizer, *_subclasses(opt.MegatronOptimizer)):
+            step = cls.__dict__.get("step")
+            if step is None or getattr(step, "_gtp_wrapped", False):
+                continue
+
+            def wrapped(self_, *args, _orig=step, **kwargs):
+                backend._step_depth += 1
+                try:
+                    result = _orig(self_, *args, **kwargs)
+                finally:
+                    backend._step_depth -= 1
+                if backend._step_depth == 0 and backend.params:
+                    backend.context.shard_updated(backend.leaders())
+                return result
+            wrapped._gtp_wrapped = True
+            wrapped.__doc__ = step.__doc__
+            self._set(cls, "step", wrapped)
+
+    def group_name(self, process_group):
+        """libgtp's group for one of Megatron's GTP process groups (the dense one unless it is the expert one)."""
+        expert = self.groups["expert_gtp_remat"]
+        if process_group is not None and process_group is expert and expert is not self.groups["gtp_remat"]:
+            return "expert_gtp_remat"
+        return "gtp_remat"
+
+    def leaders(self):
+        return [p for p in self.params if p.group_members and p.group_members[0] is p]
+
+    # -- putting layers on libgtp --
+    def _name(self, module):
+        self._names += 1
+        return f"megatron{self._names}.{type(module).__name__}"
+
+    def _tag(self, params):
+        from megatron.core import parallel_state
+        chunk = parallel_state.get_virtual_pipeline_model_parallel_rank() if \
+            parallel_state.get_virtual_pipeline_model_parallel_world_size() else None
+        for p in params:
+            p.group = self.groups.get(p.gtp_weight.group)
+            p.model_chunk = int(chunk or 0)
+            self.params.append(p)
+
+    def distribute_te(self, module, is_expert=False):
+        group = "expert_gtp_remat" if is_expert else "gtp_remat"
+        params = gtp_te.distribute(module, self.context, wire=self.wire, group=group, expert_group="expert_gtp_remat",
+                                   prefix=self._name(module), param_class=MegatronParameter)
+        self._tag(params)
+        self._watch_loads(module)
+        return params
+
+    def _watch_loads(self, module):
+        """A load_state_dict writes the parameters: re-pack this layer's shards after it."""
+        backend = self
+        if module in self.modules:
+            return
+        self.modules.append(module)
+
+        def repack(mod, _incompatible):
+            mine = [p for p in mod.parameters(recurse=False) if isinstance(p, MegatronParameter)]
+            leaders = [p for p in mine if p.group_members[0] is p]
+            if leaders:
+                backend.context.shard_updated(leaders)
+        module.register_load_state_dict_post_hook(repack)
+
+    @contextlib.contextmanager
+    def _te_init_context(self, module, output_size, gtp_remat_group, extra_kwargs, *, is_expert=False,
+                         is_grouped=False, rng_via_kwarg=True, out_split_size=1):
+        """Megatron's _init_gtp_remat_context on libgtp: TE builds the full TP-local weight (with the
+        TP-region initialization a GTP-off run gets), then libgtp takes this rank's rows."""
+        del gtp_remat_group, extra_kwargs, rng_via_kwarg, out_split_size, is_grouped
+        if getattr(getattr(module, "config", None), "use_cpu_initialization", False):
+            raise RuntimeError(_CPU_INIT)
+        yield output_size
+        self.distribute_te(module, is_expert=is_expert)
+
+    # -- gtp_api, libgtp's versions --
+    def implementations(self):
+        from megatron.core.tensor_parallel import generalized_tensor_parallelism as mgtp
+        backend = self
+
+        def attach_gtp_to_presharded_module(module, gtp_remat_group, pad_length, is_grouped=False):
+            raise RuntimeError(f"{type(module).__name__} was built pre-sharded by Megatron-Core's GTP ({pad_length} pad "
+                               "rows); the libgtp backend shards TE layers itself: build the model after "
+                               "gtp.megatron.use_libgtp(), through Megatron-Core's TE layer spec")
+
+        def wrap_module_params_gtp(module, weight_names, gtp_remat_group, is_grouped=None):
+            """Megatron's own layers (embedding, output layer) at G > 1: their full weights to libgtp."""
+            group = backend.group_name(gtp_remat_group)
+            members = []
+            leader = None
+            for name in weight_names:
+                weight = getattr(module, name, None)
+                if weight is None or isinstance(weight, MegatronParameter):
+                    continue
+                param = gtp_te._shard_of(weight, backend.context, f"{backend._name(module)}.{name}", backend.wire,
+                                         group, leader if is_grouped else None, {}, MegatronParameter)
+                leader = leader or param
+                delattr(module, name)
+                module.register_parameter(name, param)
+                members.append(param)
+            if members:
+                backend.context.shard_updated([p for p in members if p.group_members[0] is p])
+                backend._tag(members)
+                backend._watch_loads(module)
+
+        def classify_gtp_remat_chains(model, *, cuda_graph_modules=None, moe_shared_expert_overlap=False,
+                                      cuda_graph_impl="none"):
+            """After the build and DDP wrap: refuse what the backend does not run, name the weights,
+            start libgtp's chains afresh (they are learnt from the first step's order)."""
+            del moe_shared_expert_overlap
+            if cuda_graph_modules or cuda_graph_impl not in (None, "none"):
+                raise RuntimeError(_CUDA_GRAPHS)
+            for index, chunk in enumerate(model if isinstance(model, list) else [model]):
+                for name, p in chunk.named_parameters():
+                    if isinstance(p, MegatronParameter):
+                        p._debug_name = name
+                        p.model_chunk = index  # the virtual-pipeline chunk: one libgtp chain each
+            backend.context.reset_chains()
+
+        def configure_gtp_remat_from_recipe(*, fp4=False, fp8_recipe=None, fp8=False, calculate_per_token_loss=False):
+            """Before the build: libgtp's padding depends on the wire, not on the recipe; refuse what differs."""
+            backend.recipe = {"fp4": fp4, "fp8_recipe": fp8_recipe, "fp8": fp8,
+                              "calculate_per_token_loss": calculate_per_token_loss}
+            check_recipe(backend.recipe, backend.context.sizes)
+
+        def gtp_remat_shard_dim0(dim0, gtp_remat_group):
+            g = backend.context.geometry(dim0, 16, backend.wire, backend.group_name(gtp_remat_group))
+            return g.shard_rows, g.padded_rows - g.rows
+
+        def is_gtp_param(param):
+            return bool(getattr(param, "is_gtp_weight_remat", False))
+
+        def dequantize_gtp_native_fp8(param):
+            raise TypeError(f"{type(param).__name__}: libgtp keeps BF16/FP32 shards (quantized wires are made from "
+                            "them), there is no native-FP8 GTP parameter to dequantize")
+
+        def gtp_native_fp8_load_context(module):
+            del module
+            return contextlib.nullcontext()
+
+        def wait_for_gtp_grad_reduction_on_current_stream():
+            """finalize_model_grads' fence: gradients not yet delivered are delivered now (drain)."""
+            if backend.context._finalized or backend.context._ready:
+                backend.context.drain()
+
+        def wait_async_comms(*args, **kwargs):
+            del args, kwargs
+            wait_for_gtp_grad_reduction_on_current_stream()
+
+        def unsupported(*args, **kwargs):
+            raise RuntimeError(_CUDA_GRAPHS)
+
+        return {"GTPChain": mgtp.GTPChain, "GTPEmbeddingWeight": EmbeddingWeight,
+                "attach_gtp_to_presharded_module": attach_gtp_to_presharded_module,
+                "classify_gtp_remat_chains": classify_gtp_remat_chains,
+                "configure_gtp_remat_from_recipe": configure_gtp_remat_from_recipe,
+                "dequantize_gtp_native_fp8": dequantize_gtp_native_fp8, "get_ag_stream": unsupported,
+                "get_rs_stream": unsupported, "gtp_native_fp8_load_context": gtp_native_fp8_load_context,
+                "gtp_remat_shard_dim0": gtp_remat_shard_dim0, "is_gtp_param": is_gtp_param,
+                "make_sharded_tensors_for_checkpoint_with_gtp_remat": checkpoint.make_sharded_tensors,
+                "set_cuda_graph_mempool": unsupported, "wait_async_comms": wait_async_comms,
+                "wait_for_gtp_grad_reduction_on_current_stream": wait_for_gtp_grad_reduction_on_current_stream,
+                "wrap_module_params_gtp": wrap_module_params_gtp}
+
+
+def check_recipe(recipe, sizes):
+    if recipe.get("calculate_per_token_loss") and (sizes.gtp_remat > 1 or sizes.expert_gtp_remat > 1):
+        raise RuntimeError("calculate_per_token_loss=True needs the gtp_remat axis SUM-reduced; libgtp's "
+                           "reduce-scatter takes the mean over G: train with calculate_per_token_loss=False, or at G = 1")
+    if recipe.get("fp4") or (recipe.get("fp8") and recipe.get("fp8_recipe") != "tensorwise"):
+        name = "fp4" if recipe.get("fp4") else f"fp8_recipe={recipe.get('fp8_recipe')!r}"
+        raise RuntimeError(f"{name}: libgtp's TE path refuses this recipe in LayerNormLinear / GroupedLinear "
+                           "backward, which Megatron's GPT layers use (docs/python.md, recipe x wire table): use "
+                           "fp8_recipe='tensorwise' (Float8CurrentScaling, --fp8-recipe tensorwise) or BF16")
+
+
+def check_config(config, ddp_config=None):
+    """What the libgtp backend does not run, refused before training with the fix."""
+    if getattr(config, "cuda_graph_impl", "none") not in (None, "none") or getattr(config, "enable_cuda_graph", False):
+        raise RuntimeError(_CUDA_GRAPHS)
+    if getattr(config, "delay_wgrad_compute", False):
+        raise RuntimeError("delay_wgrad_compute=True defers wgrads to TE's wgrad_store, which never finalizes a "
+                           "distributed weight: train with delay_wgrad_compute=False")
+    if getattr(config, "fp8_param", False) or getattr(config, "fp8_param_gather", False):
+        raise RuntimeError("fp8_param_gather (FP8 primary weights) is not a libgtp shard: keep BF16/FP32 weights; "
+                           "use gtp.megatron.use_libgtp(wire='fp8') to gather FP8")
+    if ddp_config is not None and getattr(ddp_config, "overlap_param_gather", False):
+        raise RuntimeError("overlap_param_gather=True finishes the distributed optimizer's parameter all-gather "
+                           "in the next forward, after libgtp re-packed its shards from stale values: train with "
+                           "overlap_param_gather=False")
+    if ddp_config is not None and getattr(ddp_config, "use_megatron_fsdp", False):
+        raise RuntimeError("Megatron FSDP shards the same weights libgtp shards: use DDP with "
+                           "gtp.megatron.use_libgtp(), or FSDP without it")
+
+
+def _subclasses(cls):
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_subclasses(sub))
+    return found
+
+
+class _Missing:
+    def __repr__(self):
+        return "<missing>"
+
+
+_MISSING = _Missing()

@@ -129,7 +129,8 @@ class CudaBackend : public Backend {
   void poll_fill_tags() override;
   void begin_collectives() override;
   void end_collectives() override;
-  // Poisons the open NCCL group with a call NCCL refuses, so ncclGroupEnd launches none of it.
+  // Poisons the open NCCL group with a call NCCL refuses, so ncclGroupEnd fails (on the H200, NCCL
+  // 2.28 still ran the collectives enqueued before: the abort of the communicators releases peers).
   void cancel_collectives() noexcept override;
   // Within a call, each stream's capture status is read once (capture_id); the call runs with the
   // backend's device current, and the caller's device is restored at its end.

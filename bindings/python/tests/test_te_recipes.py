@@ -138,3 +138,69 @@ def _two_rank_nvfp4(rank, world, store_dir):
 def test_nvfp4_at_g_above_1_is_refused_with_the_fix():
     for message in run_ranks(_two_rank_nvfp4, 2):
         assert message is not None and "at G = 2" in message and "Use the BF16 wire under NVFP4BlockScaling" in message
+
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _decode_te_nvfp4(data, scales, decode_scale):
+    """TE's NVFP4 row-wise semantics: element (r, c) = E2M1 code (low nibble first) x E4M3 scale [r, c / 16],
+    times the global decode scale."""
+    codes = torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1).long()
+    block = scales[:codes.shape[0], :codes.shape[1] // 16].view(torch.float8_e4m3fn).float()
+    return (_E2M1[codes] * block.repeat_interleave(16, dim=1)) * decode_scale
+
+
+def test_nvfp4_scales_in_te_layout_decode_to_the_wire(ctx):
+    """te_quantized's copy of the 2D wire's tile scales into TE's layout (each tile's scale on its 16 rows,
+    zero-padded to TE's 128 x 4 multiples), both usages: decoded with TE's row-wise semantics, the codes
+    give libgtp's BF16 layout and its transpose, and the padding is zero. (The same on a GPU against TE:
+    tests/test_te.py.)"""
+    rows, cols = 144, 80
+    torch.manual_seed(7)
+    shard = torch.randn(rows, cols).to(torch.bfloat16)
+    shard[rows - 16:, :16] *= 1e-4
+    param = gt.ShardedParameter(shard, ctx, "w", rows, cols, wire="nvfp4", nvfp4_2d=True)
+    ctx.shard_updated([param])
+    full = ctx.view_at(ctx.materialize([param.gtp_weight])[0], (rows, cols), torch.bfloat16).clone()
+    ctx.release([param.gtp_weight])
+    (view,) = param.materialize_group_views(layout="gemm")
+    tensor = SimpleNamespace(_amax_rowwise=None, _amax_columnwise=None,
+                             _rowwise_scale_inv=torch.full(tq.nvfp4_scale_shape(rows, cols, False), 0xAB,
+                                                           dtype=torch.uint8),
+                             _columnwise_scale_inv=torch.full(tq.nvfp4_scale_shape(rows, cols, True), 0xAB,
+                                                              dtype=torch.uint8))
+    tensor._rowwise_scale_inv[:rows, :cols // 16] = 0  # what nvfp4_tensor allocates: zeros (here: garbage outside)
+    tensor._rowwise_scale_inv[rows:] = tensor._rowwise_scale_inv[:, cols // 16:] = 0
+    tensor._columnwise_scale_inv.zero_()
+    tq._refresh(tensor, view, param)
+    decode_scale = view.decode_scales.tensor.reshape(-1)[0]
+    rowwise = _decode_te_nvfp4(view.data.tensor[:rows], tensor._rowwise_scale_inv, decode_scale)
+    columnwise = _decode_te_nvfp4(view.data_t.tensor, tensor._columnwise_scale_inv, decode_scale)
+    assert torch.equal(rowwise.to(torch.bfloat16), full), "row-wise usage decodes to the BF16 layout"
+    assert torch.equal(columnwise.to(torch.bfloat16), full.t()), "column-wise usage decodes to its transpose"
+    assert not tensor._rowwise_scale_inv[rows:].any() and not tensor._rowwise_scale_inv[:, cols // 16:].any()
+    assert not tensor._columnwise_scale_inv[cols:].any() and not tensor._columnwise_scale_inv[:, rows // 16:].any()
+    assert torch.equal(tensor._amax_rowwise, shard.abs().amax().float().reshape(1))
+    assert tensor._amax_columnwise is tensor._amax_rowwise
+    param.release_group("gemm")
+
+
+def test_mxfp8_scales_in_te_layout_decode_to_the_wire(ctx):
+    """te_quantized's copy of the MXFP8 wire's E8M0 scales into TE's padded row-wise layout: decoded with
+    TE's semantics (E4M3 code x 2^(e - 127) per 1x32 block) the codes give libgtp's BF16 layout."""
+    rows, cols = 96, 160
+    torch.manual_seed(8)
+    param = gt.ShardedParameter(torch.randn(rows, cols).to(torch.bfloat16), ctx, "w", rows, cols, wire="mxfp8")
+    ctx.shard_updated([param])
+    full = ctx.view_at(ctx.materialize([param.gtp_weight])[0], (rows, cols), torch.bfloat16).clone()
+    ctx.release([param.gtp_weight])
+    (view,) = param.materialize_group_views(layout="gemm")
+    tensor = SimpleNamespace(_rowwise_scale_inv=torch.zeros(tq.mxfp8_scale_shape(rows, cols), dtype=torch.uint8))
+    tq._refresh(tensor, view, param)
+    scales = tensor._rowwise_scale_inv
+    codes = view.data.tensor[:rows].view(torch.float8_e4m3fn).float()
+    block = torch.exp2(scales[:rows, :cols // 32].float() - 127).repeat_interleave(32, dim=1)
+    assert torch.equal((codes * block).to(torch.bfloat16), full)
+    assert not scales[rows:].any() and not scales[:, cols // 32:].any()
+    param.release_group("gemm")

@@ -273,9 +273,9 @@ def _refresh(tensor, view, member):
     if hasattr(tensor, "_amax_rowwise"):  # NVFP4
         tensor._amax_rowwise = tensor._amax_columnwise = shard_amax(member)
         if not _blocked(view):  # each 16x16 tile's scale on its 16 rows (columns for the transpose)
-            tensor._rowwise_scale_inv[:rows].view(rows // 16, 16, cols // 16).copy_(
+            tensor._rowwise_scale_inv[:rows, :cols // 16].unflatten(0, (rows // 16, 16)).copy_(
                 view.scales.tensor[:rows // 16].unsqueeze(1).expand(-1, 16, -1))
-            tensor._columnwise_scale_inv[:cols].view(cols // 16, 16, rows // 16).copy_(
+            tensor._columnwise_scale_inv[:cols, :rows // 16].unflatten(0, (cols // 16, 16)).copy_(
                 view.scales_t.tensor[:, :rows // 16].unsqueeze(1).expand(-1, 16, -1))
     elif not _blocked(view) and tensor._rowwise_scale_inv.data_ptr() != view.scales.address:
         tensor._rowwise_scale_inv[:rows, :cols // 32].copy_(view.scales.tensor[:rows])

@@ -106,17 +106,20 @@ def test_te_scale_shapes():
     assert tq.mxfp8_scale_shape(512, 256) == (512, 8)
 
 
-def test_shard_amax_is_libgtp_finite_amax_and_follows_updates(ctx):
+def test_shard_amax_is_libgtp_finite_amax_taken_at_each_pack(ctx):
     param = _param(ctx, wire="nvfp4", nvfp4_2d=True)
     with torch.no_grad():
         param.fill_(0.5)
         param[1, 2], param[3, 4], param[5, 6] = -3.0, float("nan"), float("inf")
+    ctx.shard_updated([param])
     assert torch.equal(tq.shard_amax(param), torch.tensor([3.0])), "the largest finite |x|"
-    first = tq.shard_amax(param)
-    assert tq.shard_amax(param) is first, "unchanged shard: not computed again"
-    with torch.no_grad():
-        param[0, 0] = -7.0  # the optimizer's in-place step
-    assert torch.equal(tq.shard_amax(param), torch.tensor([7.0]))
+    param.data[0, 0] = -7.0  # through .data (no version bump), and without shard_updated: the wire is as it was
+    assert torch.equal(tq.shard_amax(param), torch.tensor([3.0])), "the amax the wire was packed with"
+    ctx.shard_updated([param])
+    assert torch.equal(tq.shard_amax(param), torch.tensor([7.0])), "re-packed: the new amax"
+    other = _param(ctx, wire="nvfp4")  # 1D: TE never gets it as an NVFP4Tensor, nothing kept
+    ctx.shard_updated([other])
+    assert getattr(other, "_te_amax", None) is None
 
 
 def _two_rank_nvfp4(rank, world, store_dir):

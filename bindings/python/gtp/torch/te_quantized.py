@@ -281,14 +281,27 @@ def _refresh(tensor, view, member):
         tensor._rowwise_scale_inv[:rows, :cols // 32].copy_(view.scales.tensor[:rows])
 
 
+def note_packed(params):
+    """Called by Context.shard_updated after libgtp re-packed `params` (ShardedParameters, leaders standing
+    for their groups; other objects are skipped): keeps each 2D NVFP4 weight's amax at G = 1 for TE's
+    NVFP4Tensor, read from the shard at the point libgtp packed it (see shard_amax)."""
+    for param in params:
+        for member in getattr(param, "group_members", ()):
+            if member.wire == "nvfp4" and member.gtp_weight.nvfp4_2d and member.geometry.group_size == 1:
+                member._te_amax = _finite_amax(member)
+
+
 def shard_amax(member):
     """The global amax libgtp encoded `member`'s NVFP4 wire with, as TE's NVFP4Tensor keeps it (FP32 [1]):
     at G = 1 the shard is the whole weight, and libgtp's amax is the largest |x| over its finite values
-    (docs/formats.md). Computed again only when the shard changed since (its version counter: the
-    optimizer's in-place step), as the wire is re-packed then."""
-    version = member._version
-    if getattr(member, "_te_amax_version", None) != version:
-        with torch.no_grad():
-            member._te_amax = member.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().float().reshape(1)
-        member._te_amax_version = version
-    return member._te_amax
+    (docs/formats.md); taken when the weight was last packed (note_packed), so an update of the shard
+    without shard_updated, which leaves the wire as it was, leaves this amax as it was too."""
+    amax = getattr(member, "_te_amax", None)
+    if amax is None:  # packed before gtp.torch could see it (the core Context's shard_updated)
+        amax = member._te_amax = _finite_amax(member)
+    return amax
+
+
+def _finite_amax(member):
+    with torch.no_grad():
+        return member.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().float().reshape(1)

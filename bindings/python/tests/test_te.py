@@ -5,6 +5,7 @@ Float8CurrentScaling with the FP8 wire TE's weight is libgtp's codes, byte for b
 quantization, and TE quantizes no weight itself. Skips without a GPU or without TE."""
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -274,7 +275,7 @@ def _assert_te_allocation(ours, quantizer, shape):
     try:
         empty = quantizer.make_empty(shape, dtype=torch.bfloat16, device="cuda")
     except RuntimeError as error:  # (allocation only: expected to run on any GPU)
-        print(f"make_empty refused on {torch.cuda.get_device_name()}: {error}")
+        warnings.warn(f"make_empty refused on {torch.cuda.get_device_name()}: {error}")
         return
     for name in quantizer.inner_tensor_specs(shape):
         assert tuple(getattr(empty, name).shape) == tuple(getattr(ours, name).shape), name
@@ -318,7 +319,7 @@ def test_nvfp4_2d_wire_is_te_nvfp4_weight_quantization_byte_for_byte(tmp_path, m
             rowwise.update_usage(rowwise_usage=True, columnwise_usage=True)
             torch.cuda.synchronize()
         except RuntimeError as error:
-            print(f"TE's NVFP4 transpose refused on {torch.cuda.get_device_name()}: {error}")
+            warnings.warn(f"TE's NVFP4 transpose refused on {torch.cuda.get_device_name()}: {error}")
         else:
             assert torch.equal(rowwise._columnwise_data, ours._columnwise_data), "TE's transpose of our codes"
             assert torch.equal(rowwise._columnwise_scale_inv[:cols, :rows // 16], scales_t[:cols, :rows // 16])
@@ -326,7 +327,7 @@ def test_nvfp4_2d_wire_is_te_nvfp4_weight_quantization_byte_for_byte(tmp_path, m
             decoded = ours.dequantize()
             torch.cuda.synchronize()
         except RuntimeError as error:
-            print(f"TE's NVFP4 dequantize refused on {torch.cuda.get_device_name()}: {error}")
+            warnings.warn(f"TE's NVFP4 dequantize refused on {torch.cuda.get_device_name()}: {error}")
         else:  # TE decodes with amax / 2688, libgtp with 1 / (2688 / amax): equal up to the BF16 rounding
             full = ctx.view_at(ctx.materialize([w.gtp_weight], "forward", stream=ctx.stream())[0], shape,
                                torch.bfloat16).clone()

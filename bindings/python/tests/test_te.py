@@ -2,7 +2,9 @@
 communicator), each trained 20 steps with AdamW next to the same TE layer without libgtp: losses,
 outputs, input grads, weight grads and parameters bit for bit; the cache within (depth + 1) slots; under
 Float8CurrentScaling with the FP8 wire TE's weight is libgtp's codes, byte for byte TE's own
-quantization, and TE quantizes no weight itself. Skips without a GPU or without TE."""
+quantization, and TE quantizes no weight itself. The NVFP4 (2D) and MXFP8 wires as TE's NVFP4Tensor /
+MXFP8Tensor, checked as far as sm_90 allows (TE's NVFP4 / MXFP8 GEMMs need sm_100). Skips without a GPU
+or without TE."""
 import os
 import sys
 import warnings

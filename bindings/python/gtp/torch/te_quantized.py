@@ -1,7 +1,8 @@
 """TE's quantized weight tensors built on libgtp's gathered wire codes, so that under a TE FP8 recipe the
 weight TE receives is already quantized (one collective, no BF16 copy, no re-quantization).
 
-Only consulted once transformer_engine.pytorch is imported: gtp.torch never imports TE itself.
+Only consulted once transformer_engine.pytorch is imported (gtp.torch never imports TE itself), except
+note_packed, which keeps at every shard_updated the amax a 2D NVFP4 weight's NVFP4Tensor carries.
 Which recipe goes with which wire (docs/python.md, "TransformerEngine"):
 - no TE quantization active: the BF16 weight;
 - the BF16 wire under a TE recipe: the BF16 weight in forward (TE quantizes it); in backward TE 2.20's
@@ -11,8 +12,9 @@ Which recipe goes with which wire (docs/python.md, "TransformerEngine"):
   refused with the fix;
 - Float8CurrentScaling with the FP8 wire: a Float8Tensor on the codes, their exact transpose and the
   decode scale (libgtp's per-tensor rule is TE's current scaling: scale = 448 / amax);
-- NVFP4BlockScaling with the NVFP4 wire in 16x16 blocks: an NVFP4Tensor on the codes, their exact
-  transpose and the tile scales in TE's layout (TE quantizes weights in 16x16 tiles under that recipe);
+- NVFP4BlockScaling with the NVFP4 wire in 16x16 blocks at G = 1: an NVFP4Tensor on the codes, their
+  exact transpose and the tile scales in TE's layout (TE quantizes weights in 16x16 tiles under that
+  recipe); G > 1 is refused (TE's tensor keeps the amax, which the GEMM layout does not carry);
 - MXFP8BlockScaling with the MXFP8 wire: an MXFP8Tensor with the row-wise usage only, for the forward
   GEMM; its backward is refused (TE's dgrad takes 32x1 blocks, which the 1x32 wire cannot give);
 - any other recipe with a quantized wire: refused, naming both and what to use instead."""
@@ -26,7 +28,6 @@ QUANTIZE_BF16 = "quantize_bf16"          # the gathered BF16 weight quantized by
 NVFP4_2D = "nvfp4_2d"                    # an NVFP4Tensor on the 2D NVFP4 wire's codes
 MXFP8_ROWWISE = "mxfp8_rowwise"          # an MXFP8Tensor (row-wise usage) on the MXFP8 wire's codes
 GEMM_LAYOUTS = (FP8_CURRENT, NVFP4_2D, MXFP8_ROWWISE)  # served from the GEMM-ready layout
-NVFP4_GLOBAL = 448.0 * 6.0               # TE's and libgtp's NVFP4 global scale numerator (E4M3 max x E2M1 max)
 _TE_MODULES = os.sep + os.path.join("transformer_engine", "pytorch", "module") + os.sep
 
 

@@ -207,3 +207,19 @@ def test_mxfp8_scales_in_te_layout_decode_to_the_wire(ctx):
     assert torch.equal((codes * block).to(torch.bfloat16), full)
     assert not scales[rows:].any() and not scales[:, cols // 32:].any()
     param.release_group("gemm")
+
+
+def test_a_profile_wire_goes_to_its_recipe(tmp_path, monkeypatch):
+    """wire="from_group": the group's profile wire and nvfp4_blocks decide, as libgtp resolved them."""
+    import json
+    profile = json.dumps({
+        "schema_version": 1,
+        "cluster": {"template": {"host_count": 1, "host": {
+            "numa_nodes": [{"os_index": 0, "cpuset": "0xff"}], "gpus": [{"index": 0, "numa_node": 0}]}}},
+        "parallel": {"world_size": 1, "tensor_parallel_num_weight_shards": 1},
+        "groups": {"gtp_remat": {"wire_format": "nvfp4", "nvfp4_blocks": "2d"}}})
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, profile_json=profile) as ctx:
+        param = _param(ctx, wire="from_group")
+        assert _layout(monkeypatch, param, _Recipe("nvfp4")) == tq.NVFP4_2D
+        ctx.shard_updated([param])
+        assert torch.equal(tq.shard_amax(param), param.detach().abs().amax().reshape(1))

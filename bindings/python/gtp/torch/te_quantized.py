@@ -77,8 +77,8 @@ def recipe_layout(param, phase):
     recipe = phase_recipe(param, phase)
     if recipe is None:
         return None
-    name = param.gtp_weight.name
-    if param.wire == "bf16":
+    name, wire = param.gtp_weight.name, param.gtp_weight.wire  # the wire libgtp resolved (a profile's)
+    if wire == "bf16":
         if phase != "backward":
             return None
         if recipe.float8_current_scaling():
@@ -90,20 +90,20 @@ def recipe_layout(param, phase):
                              f"to its dgrad GEMM unquantized, which fails under {type(recipe).__name__}; use "
                              "Float8CurrentScaling (libgtp then hands over the weight quantized), or te.Linear")
         return None
-    if param.wire == "fp8" and recipe.float8_current_scaling():
+    if wire == "fp8" and recipe.float8_current_scaling():
         _check_weight_qparams(recipe, name)
         rows, cols = param.full_shape
         if rows % 16 or cols % 16:
             raise ValueError(f"weight '{name}' is {rows} x {cols}: TE's FP8 GEMMs need both dimensions to be "
                              "multiples of 16; use the BF16 wire for it")
         return FP8_CURRENT
-    if param.wire == "nvfp4" and recipe.nvfp4():
+    if wire == "nvfp4" and recipe.nvfp4():
         _check_nvfp4(param, recipe, name)
         return NVFP4_2D
-    if param.wire == "mxfp8" and recipe.mxfp8():
+    if wire == "mxfp8" and recipe.mxfp8():
         _check_mxfp8(param, recipe, phase, name)
         return MXFP8_ROWWISE
-    raise ValueError(f"weight '{name}' travels on the {param.wire} wire, which cannot serve TE's "
+    raise ValueError(f"weight '{name}' travels on the {wire} wire, which cannot serve TE's "
                      f"{type(recipe).__name__} recipe: the FP8 wire serves Float8CurrentScaling, the NVFP4 wire "
                      "with nvfp4_2d=True NVFP4BlockScaling, the MXFP8 wire MXFP8BlockScaling (forward only); under "
                      f"{type(recipe).__name__} register the weight with wire='bf16' (TE then quantizes the "
@@ -288,7 +288,7 @@ def note_packed(params):
     NVFP4Tensor, read from the shard at the point libgtp packed it (see shard_amax)."""
     for param in params:
         for member in getattr(param, "group_members", ()):
-            if member.wire == "nvfp4" and member.gtp_weight.nvfp4_2d and member.geometry.group_size == 1:
+            if member.gtp_weight.wire == "nvfp4" and member.gtp_weight.nvfp4_2d and member.geometry.group_size == 1:
                 member._te_amax = _finite_amax(member)
 
 

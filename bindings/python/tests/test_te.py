@@ -335,6 +335,8 @@ def test_nvfp4_2d_wire_is_te_nvfp4_weight_quantization_byte_for_byte(tmp_path, m
                                torch.bfloat16).clone()
             ctx.release([w.gtp_weight], stream=ctx.stream(), layout="bf16")
             torch.testing.assert_close(decoded.float(), full.float(), rtol=2 ** -7, atol=0)
+        back = w.materialize_group_for_backward()  # dgrad: the forward's recipe, both usages again
+        assert isinstance(back, NVFP4Tensor) and torch.equal(back._columnwise_data, ref.data_t)
         ctx.drain()
 
 
@@ -358,6 +360,31 @@ def test_nvfp4_blocked_scales_are_te_gemm_swizzle(tmp_path, monkeypatch):
         assert torch.equal(ours._rowwise_data, want._rowwise_data)
         assert torch.equal(ours._rowwise_scale_inv, want._rowwise_scale_inv), "row-wise swizzled scales"
         assert torch.equal(ours._columnwise_scale_inv, want._columnwise_scale_inv), "column-wise swizzled scales"
+        ctx.drain()
+
+
+def test_mxfp8_blocked_scales_are_te_gemm_swizzle(tmp_path, monkeypatch):
+    """gemm_scales="blocked_128x4" on the MXFP8 wire: the slot's scales, handed over as GEMM-swizzled, equal
+    TE's own swizzle of the row-major MXFP8Tensor."""
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Tensor
+    rows, cols = 96, 160
+    weight = _edge_weight(rows, cols, seed=6)
+    recipe = te_recipe.MXFP8BlockScaling()
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        _, plain = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="mxfp8")
+        want = MXFP8Tensor(shape=(rows, cols), dtype=torch.bfloat16, rowwise_data=plain._rowwise_data.clone(),
+                           rowwise_scale_inv=plain._rowwise_scale_inv.clone(), columnwise_data=None,
+                           columnwise_scale_inv=None, fp8_dtype=tex.DType.kFloat8E4M3, quantizer=plain._quantizer,
+                           with_gemm_swizzled_scales=False)
+        try:
+            tex.swizzle_scales_for_gemm_(want)
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            pytest.skip(f"TE's scale swizzle does not run on {torch.cuda.get_device_name()}: {error}")
+        _, ours = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="mxfp8", gemm_scales="blocked_128x4")
+        assert ours._with_gemm_swizzled_scales and want._with_gemm_swizzled_scales
+        assert torch.equal(ours._rowwise_data, want._rowwise_data)
+        assert torch.equal(ours._rowwise_scale_inv, want._rowwise_scale_inv), "swizzled E8M0 scales"
         ctx.drain()
 
 

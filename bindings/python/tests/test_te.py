@@ -2,9 +2,12 @@
 communicator), each trained 20 steps with AdamW next to the same TE layer without libgtp: losses,
 outputs, input grads, weight grads and parameters bit for bit; the cache within (depth + 1) slots; under
 Float8CurrentScaling with the FP8 wire TE's weight is libgtp's codes, byte for byte TE's own
-quantization, and TE quantizes no weight itself. Skips without a GPU or without TE."""
+quantization, and TE quantizes no weight itself. The NVFP4 (2D) and MXFP8 wires as TE's NVFP4Tensor /
+MXFP8Tensor, checked as far as sm_90 allows (TE's NVFP4 / MXFP8 GEMMs need sm_100). Skips without a GPU
+or without TE."""
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -228,3 +231,184 @@ def test_mxfp8_wire_codes_against_te_quantizer_where_it_runs(tmp_path):
         assert torch.equal(view.data.tensor[:FFN], theirs._rowwise_data), "E4M3 codes"
         assert torch.equal(view.scales.tensor[:FFN], theirs._rowwise_scale_inv[:FFN, :HIDDEN // 32]), "E8M0 scales"
         w.release_group("gemm")
+
+
+def _edge_weight(rows, cols, seed):
+    """A random BF16 weight with an all-zero 16x16 tile, a tiny value, a large one and a tile far below the
+    amax (E4M3-subnormal tile scales)."""
+    torch.manual_seed(seed)
+    weight = torch.randn(rows, cols, device="cuda").to(torch.bfloat16)
+    weight[:16, :16] = 0.0
+    weight[20, 3] = 1e-30
+    weight[5, cols - 1] = 300.0
+    weight[rows - 16:, cols - 16:] *= 1e-4
+    return weight
+
+
+def _te_quantized_weight(monkeypatch, ctx, weight, recipe, **register):
+    """What the weight's forward hands TE under `recipe`. TE's autocast refuses MXFP8 / NVFP4 recipes below
+    sm_100, so the recipe TE's autocast would report is patched in (gtp.torch reads nothing else of it)."""
+    from gtp.torch import te_quantized
+    rows, cols = weight.shape
+    w = gt.ShardedParameter(weight.clone(), ctx, f"w{len(ctx.parameters)}", rows, cols, **register)
+    ctx.shard_updated([w])
+    monkeypatch.setattr(te_quantized, "_active_recipe", lambda: recipe)
+    return w, w.materialize_group_for_forward()
+
+
+def _nvfp4_copy(tensor, columnwise):
+    """A new NVFP4Tensor on copies of `tensor`'s row-wise (and column-wise) data, scales and amax."""
+    from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Tensor
+
+    def copy(name):
+        return getattr(tensor, name).clone() if columnwise or "columnwise" not in name else None
+    return NVFP4Tensor(shape=tuple(tensor.shape), dtype=torch.bfloat16, rowwise_data=copy("_rowwise_data"),
+                       rowwise_scale_inv=copy("_rowwise_scale_inv"), columnwise_data=copy("_columnwise_data"),
+                       columnwise_scale_inv=copy("_columnwise_scale_inv"), amax_rowwise=copy("_amax_rowwise"),
+                       amax_columnwise=copy("_amax_columnwise"), fp4_dtype=tex.DType.kFloat4E2M1,
+                       quantizer=tensor._quantizer, with_gemm_swizzled_scales=tensor._with_gemm_swizzled_scales)
+
+
+def _assert_te_allocation(ours, quantizer, shape):
+    """Every inner tensor of `ours` has the shape and dtype TE's quantizer allocates for `shape`."""
+    for name, (want_shape, want_dtype) in quantizer.inner_tensor_specs(shape).items():
+        got = getattr(ours, name)
+        assert tuple(got.shape) == tuple(want_shape) and got.dtype == want_dtype, (name, got.shape, want_shape)
+    try:
+        empty = quantizer.make_empty(shape, dtype=torch.bfloat16, device="cuda")
+    except RuntimeError as error:  # (allocation only: expected to run on any GPU)
+        warnings.warn(f"make_empty refused on {torch.cuda.get_device_name()}: {error}")
+        return
+    for name in quantizer.inner_tensor_specs(shape):
+        assert tuple(getattr(empty, name).shape) == tuple(getattr(ours, name).shape), name
+        assert getattr(empty, name).dtype == getattr(ours, name).dtype, name
+    assert empty._with_gemm_swizzled_scales == ours._with_gemm_swizzled_scales
+
+
+@pytest.mark.parametrize("shape", [(FFN, HIDDEN), (144, 80)], ids=["512x256", "144x80_padded"])
+def test_nvfp4_2d_wire_is_te_nvfp4_weight_quantization_byte_for_byte(tmp_path, monkeypatch, shape):
+    """Under NVFP4BlockScaling the 2D NVFP4 wire becomes an NVFP4Tensor whose codes, tile scales, transpose,
+    transposed scales and amax equal TE's reference quantizer configured as the recipe configures it for
+    weights (16x16 tiles, no RHT, no stochastic rounding) byte for byte, laid out as TE allocates it.
+    144 x 80: scales padded to 256 x 8 (row-wise) and 128 x 12 (column-wise)."""
+    from transformer_engine.pytorch.custom_recipes import reference_utils
+    from transformer_engine.pytorch.custom_recipes.reference_nvfp4 import NVFP4QuantizerRef
+    from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
+    rows, cols = shape
+    weight = _edge_weight(rows, cols, seed=3)
+    recipe = te_recipe.NVFP4BlockScaling()
+    assert recipe.fp4_quant_fwd_weight.fp4_2d_quantization and not recipe.fp4_quant_fwd_weight.stochastic_rounding
+    assert not recipe.fp4_quant_fwd_weight.random_hadamard_transform
+    ref = NVFP4QuantizerRef(dtype=reference_utils.Fp4Formats.E2M1, rowwise=True, columnwise=True,
+                            quant_tile_shape=(16, 16), pow_2_scales=False, with_rht=False).quantize(weight)
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        w, ours = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="nvfp4", nvfp4_2d=True)
+        assert isinstance(ours, NVFP4Tensor) and ours.requires_grad and tuple(ours.shape) == shape
+        assert torch.equal(ours._rowwise_data, ref.data), "row-wise E2M1 codes"
+        assert torch.equal(ours._columnwise_data, ref.data_t), "column-wise (transposed) codes"
+        scales, scales_t = ours._rowwise_scale_inv, ours._columnwise_scale_inv
+        assert torch.equal(scales[:rows, :cols // 16], ref.scale.view(torch.uint8)), "row-wise tile scales"
+        assert torch.equal(scales_t[:cols, :rows // 16], ref.scale_t.view(torch.uint8)), "column-wise tile scales"
+        assert not scales[rows:].any() and not scales[:, cols // 16:].any(), "row-wise scale padding"
+        assert not scales_t[cols:].any() and not scales_t[:, rows // 16:].any(), "column-wise scale padding"
+        assert torch.equal(ours._amax_rowwise, ref.global_amax_row), "amax"
+        assert torch.equal(ours._amax_columnwise, ref.global_amax_col), "column-wise amax"
+        _assert_te_allocation(ours, NVFP4Quantizer(tex.DType.kFloat4E2M1, rowwise=True, columnwise=True,
+                                                   with_2d_quantization=True), shape)
+        # TE's own way to the column-wise usage (its nibble transpose and 2D scale transpose kernels)
+        rowwise = _nvfp4_copy(ours, columnwise=False)
+        try:
+            rowwise.update_usage(rowwise_usage=True, columnwise_usage=True)
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            warnings.warn(f"TE's NVFP4 transpose refused on {torch.cuda.get_device_name()}: {error}")
+        else:
+            assert torch.equal(rowwise._columnwise_data, ours._columnwise_data), "TE's transpose of our codes"
+            assert torch.equal(rowwise._columnwise_scale_inv[:cols, :rows // 16], scales_t[:cols, :rows // 16])
+        try:
+            decoded = ours.dequantize()
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            warnings.warn(f"TE's NVFP4 dequantize refused on {torch.cuda.get_device_name()}: {error}")
+        else:  # TE decodes with amax / 2688, libgtp with 1 / (2688 / amax): equal up to the BF16 rounding
+            full = ctx.view_at(ctx.materialize([w.gtp_weight], "forward", stream=ctx.stream())[0], shape,
+                               torch.bfloat16).clone()
+            ctx.release([w.gtp_weight], stream=ctx.stream(), layout="bf16")
+            torch.testing.assert_close(decoded.float(), full.float(), rtol=2 ** -7, atol=0)
+        back = w.materialize_group_for_backward()  # dgrad: the forward's recipe, both usages again
+        assert isinstance(back, NVFP4Tensor) and torch.equal(back._columnwise_data, ref.data_t)
+        ctx.drain()
+
+
+def test_nvfp4_blocked_scales_are_te_gemm_swizzle(tmp_path, monkeypatch):
+    """gemm_scales="blocked_128x4" hands TE the slot's scales as GEMM-swizzled (no copy): they equal TE's own
+    swizzle (tex.swizzle_scales_for_gemm_) of the row-major NVFP4Tensor, both usages."""
+    rows, cols = 144, 80
+    weight = _edge_weight(rows, cols, seed=4)
+    recipe = te_recipe.NVFP4BlockScaling()
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        _, plain = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="nvfp4", nvfp4_2d=True)
+        want = _nvfp4_copy(plain, columnwise=True)
+        try:
+            tex.swizzle_scales_for_gemm_(want)
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            pytest.skip(f"TE's scale swizzle does not run on {torch.cuda.get_device_name()}: {error}")
+        _, ours = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="nvfp4", nvfp4_2d=True,
+                                       gemm_scales="blocked_128x4")
+        assert ours._with_gemm_swizzled_scales and want._with_gemm_swizzled_scales
+        assert torch.equal(ours._rowwise_data, want._rowwise_data)
+        assert torch.equal(ours._rowwise_scale_inv, want._rowwise_scale_inv), "row-wise swizzled scales"
+        assert torch.equal(ours._columnwise_scale_inv, want._columnwise_scale_inv), "column-wise swizzled scales"
+        ctx.drain()
+
+
+def test_mxfp8_blocked_scales_are_te_gemm_swizzle(tmp_path, monkeypatch):
+    """gemm_scales="blocked_128x4" on the MXFP8 wire: the slot's scales, handed over as GEMM-swizzled, equal
+    TE's own swizzle of the row-major MXFP8Tensor."""
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Tensor
+    rows, cols = 96, 160
+    weight = _edge_weight(rows, cols, seed=6)
+    recipe = te_recipe.MXFP8BlockScaling()
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        _, plain = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="mxfp8")
+        want = MXFP8Tensor(shape=(rows, cols), dtype=torch.bfloat16, rowwise_data=plain._rowwise_data.clone(),
+                           rowwise_scale_inv=plain._rowwise_scale_inv.clone(), columnwise_data=None,
+                           columnwise_scale_inv=None, fp8_dtype=tex.DType.kFloat8E4M3, quantizer=plain._quantizer,
+                           with_gemm_swizzled_scales=False)
+        try:
+            tex.swizzle_scales_for_gemm_(want)
+            torch.cuda.synchronize()
+        except RuntimeError as error:
+            pytest.skip(f"TE's scale swizzle does not run on {torch.cuda.get_device_name()}: {error}")
+        _, ours = _te_quantized_weight(monkeypatch, ctx, weight, recipe, wire="mxfp8", gemm_scales="blocked_128x4")
+        assert ours._with_gemm_swizzled_scales and want._with_gemm_swizzled_scales
+        assert torch.equal(ours._rowwise_data, want._rowwise_data)
+        assert torch.equal(ours._rowwise_scale_inv, want._rowwise_scale_inv), "swizzled E8M0 scales"
+        ctx.drain()
+
+
+@pytest.mark.parametrize("shape", [(FFN, HIDDEN), (96, 160)], ids=["512x256", "96x160_padded"])
+def test_mxfp8_wire_is_te_mxfp8_tensor_forward_only(tmp_path, monkeypatch, shape):
+    """Under MXFP8BlockScaling the MXFP8 wire becomes a row-wise MXFP8Tensor on the slot's codes with the
+    E8M0 scales in TE's (padded) layout; its backward is refused with the fix."""
+    from transformer_engine.pytorch.tensor.mxfp8_tensor import MXFP8Quantizer, MXFP8Tensor
+    rows, cols = shape
+    weight = _edge_weight(rows, cols, seed=5)
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        probe = gt.ShardedParameter(weight.clone(), ctx, "probe", rows, cols, wire="mxfp8")
+        ctx.shard_updated([probe])
+        (view,) = probe.materialize_group_views(layout="gemm")
+        codes, compact = view.data.tensor[:rows].clone(), view.scales.tensor[:rows].clone()
+        probe.release_group("gemm")
+        w, ours = _te_quantized_weight(monkeypatch, ctx, weight, te_recipe.MXFP8BlockScaling(), wire="mxfp8")
+        assert isinstance(ours, MXFP8Tensor) and ours.requires_grad and tuple(ours.shape) == shape
+        assert ours._columnwise_data is None and not ours._quantizer.columnwise_usage
+        assert torch.equal(ours._rowwise_data, codes), "E4M3 codes"
+        scales = ours._rowwise_scale_inv
+        assert torch.equal(scales[:rows, :cols // 32], compact), "E8M0 scales"
+        assert not scales[rows:].any() and not scales[:, cols // 32:].any(), "scale padding"
+        _assert_te_allocation(ours, MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False), shape)
+        with pytest.raises(ValueError, match="32x1 blocks"):
+            w.materialize_group_for_backward()
+        ctx.drain()

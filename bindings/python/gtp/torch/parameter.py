@@ -115,15 +115,10 @@ class ShardedParameter(torch.nn.Parameter):
         context.end_open_uses()
         stream = context.stream()
         quantized = te_quantized.recipe_layout(self, phase)
-        if quantized == te_quantized.FP8_CURRENT:
+        if quantized in te_quantized.GEMM_LAYOUTS:
             views = context.materialize_views([self.gtp_weight], phase, self.model_chunk, layout="gemm", stream=stream)
             context.open_use(self, "gemm", stream)
-            # TE only ever adds usages to a weight's quantized tensor (quantize_weight, update_usage(True)),
-            # so one Float8Tensor per slot serves every materialize of it.
-            tensors = [context.cached_view(("float8", view.data.address, view.data_t.address,
-                                            view.decode_scales.address, view.rows, view.cols, member.requires_grad),
-                                           lambda view=view, member=member: te_quantized.float8_tensor(view, member))
-                       for view, member in zip(views, self.group_members)]
+            tensors = te_quantized.gemm_tensors(context, quantized, views, self.group_members)
         else:
             ptrs = context.materialize([self.gtp_weight], phase, model_chunk=self.model_chunk, stream=stream)
             context.open_use(self, "bf16", stream)

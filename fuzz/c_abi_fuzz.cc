@@ -447,7 +447,7 @@ gtp_context_t* create(unsigned mode, const gtp_bootstrap_callbacks_t& callbacks)
   gtp_status_t want = GTP_ERROR_INVALID_ARGUMENT;
   std::string what;
   switch (mode % 16) {
-    case 10: config.struct_size -= 8; what = "struct_size"; break;
+    case 10: config.struct_size -= 4; what = "struct_size"; break;  // -8 is the 0.7.0 layout: valid
     case 11: config.header_version += 100; want = GTP_ERROR_VERSION; what = "header_version"; break;
     case 12: config.prefetch_depth = 65; what = "prefetch_depth=65"; break;
     case 13: config.timeout_ms = 0; what = "timeout_ms=0"; break;

@@ -5,7 +5,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/errors.h"
 #include "kernels/reference.h"
+#include "remat/divergence.h"
 
 namespace gtp::remat {
 
@@ -95,7 +97,19 @@ void HostBackend::check_fill_tags(Stream, int group, const FillTag& mine, const 
   run([=, &c] {
     std::vector<FillTag> tags(static_cast<std::size_t>(c.size()));
     c.all_gather(&mine, tags.data(), sizeof(FillTag));
-    (*check)(group, tags.data(), c.size(), nullptr);
+    try {
+      (*check)(group, tags.data(), c.size(), nullptr);
+    } catch (const DivergenceError&) {
+      // Every rank holds the same tags, so every rank throws this. A rank that threw aborts its
+      // communicators (C ABI): a barrier first, so no rank's abort reaches a peer still receiving the
+      // tags, which would report the abort instead of the divergence. An abort here comes from a
+      // rank past the barrier, when this rank already has the tags: the divergence is still the error.
+      try {
+        c.barrier();
+      } catch (const comm::CommError&) {
+      }
+      throw;
+    }
   });
 }
 

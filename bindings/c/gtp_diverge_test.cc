@@ -128,6 +128,11 @@ TEST(Diverge, RanksMaterializingDifferentWeightsFailTogether) {
     ASSERT_EQ(gtp_release(ctx, &ws[0], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
     EXPECT_EQ(materialize(ctx, ws[rank], &ptr), GTP_ERROR_DIVERGED) << gtp_last_error(ctx);
     messages.text[rank] = gtp_last_error(ctx);
+    // The divergence also aborted this rank's communicators (a rank outside the exchange must not
+    // wait), without turning a peer's DIVERGED into the abort's SYSTEM.
+    EXPECT_EQ(gtp_context_check(ctx), GTP_ERROR_INVALID_STATE);
+    expect_contains(gtp_last_error(ctx), {"gtp_materialize failed on rank " + std::to_string(rank),
+                                          "diverged at a gather", "libgtp aborted its communicators"});
     EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
   });
   EXPECT_EQ(messages.text[0].substr(messages.text[0].find("): ")), messages.text[1].substr(messages.text[1].find("): ")))

@@ -1,16 +1,23 @@
 // One rank of gtp_failure_test, started by gtp-launch: a failing rank through the C ABI on the host
 // backend (GTP_BOOTSTRAP_UCX_FROM_ENV). Usage: gtp_failure_worker SCENARIO [ARG]. Each rank prints
 // "rank R: <what> status=<GTP_...> after=<ms> msg=<gtp_last_error>" lines the test checks, and exits 0
-// (gtp-launch would stop the others at a non-zero exit).
-//   throw-mid-call  the last rank's gtp_materialize fails inside the call (its memory budget cannot
-//                   hold the weight); the others are in the gather, with a 60 s call timeout.
+// (gtp-launch would stop the others at a non-zero exit). Every rank creates its context with the same
+// settings (ranks that differ are refused at create since issue 21): a rank fails by what it does.
+//   throw-mid-call  the last rank still holds w0 (never released it) when the ranks materialize w1;
+//                   the memory budget, room for one weight, cannot hold w1 there, so its
+//                   gtp_materialize throws inside the call (after 0.5 s, so the others are in the
+//                   gather, with a 60 s call timeout).
 //   never-joins     the last rank never creates its context; the others create with timeout_ms 2000.
 //   timeout-destroy N rounds of: create, rank 1 comes late to (or, with "skip", never makes) a
 //                   materialize so rank 0 times out (call timeout 1 s), both destroy; then a context
 //                   that works, to show recovery.
-//   depth-diverge N rounds of 3+ ranks with prefetch depth = rank (their gathers differ, some time
-//                   out part-way through transfers), then every rank destroys.
+//   stall-mid-flight N rounds of 3+ ranks gathering megabyte weights, call timeout 1 s, while the last
+//                   rank is stopped (SIGSTOP, 2 s, as by a debugger or preemption) a few ms into the
+//                   steps: its peers time out, some part-way through transfers; then every rank
+//                   destroys.
 //   int64-max       timeout_ms = call_timeout_ms = INT64_MAX: create, a materialize, destroy succeed.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -51,11 +58,12 @@ struct Model {
   gtp_weight_t w{};
 };
 
-gtp_status_t setup(gtp_context_t* ctx, int world, Model& m, std::int64_t rows = 64, std::int64_t cols = 256) {
+gtp_status_t setup(gtp_context_t* ctx, int world, Model& m, std::int64_t rows = 64, std::int64_t cols = 256,
+                   const char* name = "w0") {
   (void)world;
   m.shard.assign(static_cast<std::size_t>(rows * cols), 0x3f80);  // 1.0; more than any rank's rows
   gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
-  desc.name = "w0";
+  desc.name = name;
   desc.shard = m.shard.data();
   desc.rows = rows;
   desc.cols = cols;
@@ -81,17 +89,24 @@ void throw_mid_call(int world) {
   gtp_context_config_t config = ucx_config();
   config.timeout_ms = 20000;
   config.call_timeout_ms = 60000;  // a peer must learn of the failure long before this
-  // The last rank's cache cannot hold the gathered weight: its materialize throws inside the call.
-  if (g_rank == world - 1) config.memory_budget_bytes = 1024;
+  // Room for one gathered 64 x 256 BF16 weight (rows padded to G's alignment: 32 KiB at G = 2,
+  // 48 KiB at G = 3), not two.
+  config.memory_budget_bytes = 60 * 1024;
   gtp_context_t* ctx = nullptr;
   auto start = Clock::now();
   gtp_status_t status = gtp_context_create(&config, &ctx);
   if (status != GTP_SUCCESS) return report("create", status, start, nullptr);
-  Model m;
-  status = setup(ctx, world, m);
+  Model m0, m1;
+  status = setup(ctx, world, m0);
+  if (status == GTP_SUCCESS) status = setup(ctx, world, m1, 64, 256, "w1");
+  if (status == GTP_SUCCESS) status = materialize(ctx, m0);
+  // The last rank keeps w0 (a consumer still using it); the others release it.
+  if (status == GTP_SUCCESS && g_rank != world - 1) status = gtp_release(ctx, &m0.w, 1, nullptr);
   if (status != GTP_SUCCESS) return report("setup", status, start, ctx);
+  // Its abort must find the peers waiting for it in w1's gather, not still finishing w0's.
+  if (g_rank == world - 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   start = Clock::now();
-  report("materialize", materialize(ctx, m), start, ctx);
+  report("materialize", materialize(ctx, m1), start, ctx);
   start = Clock::now();
   report("check", gtp_context_check(ctx), start, ctx);
   start = Clock::now();
@@ -139,41 +154,59 @@ void timeout_destroy(int world, int rounds, bool skip) {
   }
 }
 
-// Ranks with different prefetch depths (depth = rank) issue different gathers: some time out; then
-// every rank destroys. Rounds of it, each printing its statuses.
-void depth_diverge(int world, int rounds) {
+// Stops this process `after` from now for `stopped`, from a child (a stopped process runs nothing
+// of its own); the child only sleeps and signals. Returns the child's pid for reap().
+pid_t stop_me_later(std::chrono::milliseconds after, std::chrono::milliseconds stopped) {
+  const pid_t me = getpid();
+  const pid_t child = fork();
+  if (child == 0) {
+    usleep(static_cast<useconds_t>(after.count() * 1000));
+    kill(me, SIGSTOP);
+    usleep(static_cast<useconds_t>(stopped.count() * 1000));
+    kill(me, SIGCONT);
+    _exit(0);
+  }
+  return child;
+}
+
+void reap(pid_t child) {
+  if (child > 0) waitpid(child, nullptr, 0);
+}
+
+// The last rank is stopped a few milliseconds into steps of megabyte gathers: its peers time out
+// (some with megabytes in flight to or from it), it fails when it resumes; then every rank destroys.
+// Rounds of it, each printing its statuses.
+void stall_mid_flight(int world, int rounds) {
   for (int round = 0; round < rounds; ++round) {
     gtp_context_config_t config = ucx_config();
     config.timeout_ms = 20000;
     config.call_timeout_ms = 1000;
-    config.prefetch_depth = g_rank;
+    config.prefetch_depth = 2;
     gtp_context_t* ctx = nullptr;
     auto start = Clock::now();
     gtp_status_t status = gtp_context_create(&config, &ctx);
     if (status != GTP_SUCCESS) return report("create", status, start, nullptr);
     std::vector<Model> models(6);
     for (std::size_t i = 0; i < models.size() && status == GTP_SUCCESS; ++i) {
-      const std::int64_t rows = 1024, cols = 1024;
-      models[i].shard.assign(static_cast<std::size_t>(rows * cols), 0x3f80);  // more than any rank's rows
       const std::string name = "w" + std::to_string(i);
-      gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
-      desc.name = name.c_str();
-      desc.shard = models[i].shard.data();
-      desc.rows = rows;
-      desc.cols = cols;
-      status = gtp_weight_register(ctx, &desc, &models[i].w);
-      if (status == GTP_SUCCESS) status = gtp_weights_shard_updated(ctx, &models[i].w, 1, nullptr);
+      status = setup(ctx, world, models[i], 1024, 1024, name.c_str());
     }
-    for (int step = 0; step < 3 && status == GTP_SUCCESS; ++step) {
+    const pid_t stopper = g_rank == world - 1 && status == GTP_SUCCESS
+                              ? stop_me_later(std::chrono::milliseconds(20 + 15 * round), std::chrono::milliseconds(2000))
+                              : -1;
+    start = Clock::now();
+    // Steps until one fails (bounded): the stop lands inside them whatever this machine's speed.
+    for (int step = 0; step < 10000 && status == GTP_SUCCESS && ms_since(start) < 10000; ++step) {
       for (std::size_t i = 0; i < models.size() && status == GTP_SUCCESS; ++i) {
         status = materialize(ctx, models[i]);
         if (status == GTP_SUCCESS) status = gtp_release(ctx, &models[i].w, 1, nullptr);
       }
       if (status == GTP_SUCCESS) status = gtp_drain(ctx, nullptr);
     }
-    report("diverged steps", status, start, ctx);
+    report("stalled steps", status, start, ctx);
     start = Clock::now();
-    report("destroy after divergence", gtp_context_destroy(ctx), start, nullptr);
+    report("destroy after stall", gtp_context_destroy(ctx), start, nullptr);
+    reap(stopper);
   }
 }
 
@@ -206,14 +239,14 @@ int main(int argc, char** argv) {
     never_joins(world);
   } else if (scenario == "timeout-destroy") {
     timeout_destroy(world, argc > 2 ? std::atoi(argv[2]) : 3, argc > 3 && std::string(argv[3]) == "skip");
-  } else if (scenario == "depth-diverge") {
-    depth_diverge(world, argc > 2 ? std::atoi(argv[2]) : 3);
+  } else if (scenario == "stall-mid-flight") {
+    stall_mid_flight(world, argc > 2 ? std::atoi(argv[2]) : 3);
   } else if (scenario == "int64-max") {
     int64_max(world);
   } else {
     std::fprintf(stderr,
                  "usage: gtp_failure_worker throw-mid-call | never-joins | timeout-destroy [ROUNDS [late|skip]] | "
-                 "depth-diverge [ROUNDS] | int64-max\n");
+                 "stall-mid-flight [ROUNDS] | int64-max\n");
     return 2;
   }
   std::printf("rank %d: done\n", g_rank);

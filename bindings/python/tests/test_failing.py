@@ -39,16 +39,23 @@ def _shard(rank, world):
 
 
 def _failing_rank(rank, world, store_dir):
-    # The last rank's budget cannot hold the gathered weight: its materialize fails inside the call.
-    budget = 1024 if rank == world - 1 else None
+    # Every rank's budget has room for one gathered weight (16 KiB), not two. The last rank still holds
+    # w0 when the ranks materialize w1: its materialize fails inside the call. It comes 0.5 s late, so
+    # that its abort finds rank 0 waiting in w1's gather (not finishing w0's).
     store = gtp.FileStore(store_path(store_dir), timeout_s=60)
     with gtp.Context(store, rank, world, timeout_s=60, call_timeout_s=60, prefetch_depth=0,
-                     memory_budget_bytes=budget) as ctx:
-        w = ctx.register("w", _shard(rank, world), ROWS, COLS, dtype="fp32")
-        ctx.shard_updated([w])
+                     memory_budget_bytes=24 * 1024) as ctx:
+        w0 = ctx.register("w0", _shard(rank, world), ROWS, COLS, dtype="fp32")
+        w1 = ctx.register("w1", _shard(rank, world), ROWS, COLS, dtype="fp32")
+        ctx.shard_updated([w0, w1])
+        ctx.materialize([w0])
+        if rank == world - 1:
+            time.sleep(0.5)
+        else:
+            ctx.release([w0])
         start = time.monotonic()
         try:
-            ctx.materialize([w])
+            ctx.materialize([w1])
         except gtp.GtpError as e:
             return type(e).__name__, str(e), time.monotonic() - start
         return "success", "", time.monotonic() - start
@@ -60,7 +67,7 @@ def test_a_rank_failing_inside_a_call_fails_its_peers_at_once_naming_it():
     kind, message, seconds = results[0]
     assert kind != "success", results
     assert seconds < 15, f"rank 0 waited {seconds:.1f} s (its call timeout is 60 s)"
-    for name in ("gtp_materialize", "rank 1", "gtp_remat"):
+    for name in ("gtp_materialize", "rank 1", "gtp_remat", "memory budget"):
         assert name in message, (name, message)
 
 

@@ -100,7 +100,11 @@ void expect_destroy_after_timeout_recovers(const std::string& mode) {
     EXPECT_NE(output.find("[" + std::to_string(r) + "] rank " + std::to_string(r) + ": done"), std::string::npos)
         << output;
   }
-  EXPECT_NE(line_of(output, 0, "failing materialize").find("timed out"), std::string::npos) << output;
+  // Rank 0's first failure is its own timeout, or, when the peer's teardown reaches it first (seen
+  // once in four runs under load), UCX's report of the lost endpoint: both name why it failed.
+  const std::string first = line_of(output, 0, "failing materialize");
+  EXPECT_TRUE(first.find("timed out") != std::string::npos || first.find("Endpoint timeout") != std::string::npos)
+      << output;
 }
 
 TEST(FailingRanks, DestroyAfterTimeoutWithALatePeerIsCleanAndRecovers) {

@@ -119,19 +119,25 @@ TEST(FailingRanks, DestroyAfterTimeoutWithAnAbsentPeerIsCleanAndRecovers) {
 // tripped UCX's "ucs_hlist_is_empty(proto_reqs)" assertion in ucp_worker_destroy (SIGABRT in 8 of 8
 // runs of 3 rounds before the fix, then reached by ranks with prefetch depth = rank, which create now
 // refuses as a divergence). Every destroy must now return, three rounds.
+// Where the stop lands depends on timing: on a loaded machine it can come before any data moves (the
+// peers then time out waiting for the stopped rank), so the scenario runs up to three times, each run
+// checked in full, until one gave up a transfer part-way (unloaded: 6 of 6 runs did, 2 or more each).
 TEST(FailingRanks, DestroyAfterTransfersGivenUpMidFlightIsClean) {
   const int world = 3, rounds = 3;
-  const std::string output = run(world, "stall-mid-flight " + std::to_string(rounds));
-  EXPECT_EQ(output.find("Assertion"), std::string::npos) << output;
-  for (int r = 0; r < world; ++r) {
-    const std::string prefix = "\\[" + std::to_string(r) + "\\] rank " + std::to_string(r) + ": ";
-    EXPECT_EQ(count(output, prefix + "stalled steps status=GTP_ERROR_"), rounds) << "every round fails:\n" << output;
-    EXPECT_EQ(count(output, prefix + "destroy after stall status=GTP_SUCCESS"), rounds) << output;
-    EXPECT_EQ(count(output, prefix + "done"), 1) << output;
+  std::ptrdiff_t given_up = 0;
+  for (int attempt = 0; attempt < 3 && given_up == 0; ++attempt) {
+    const std::string output = run(world, "stall-mid-flight " + std::to_string(rounds));
+    EXPECT_EQ(output.find("Assertion"), std::string::npos) << output;
+    for (int r = 0; r < world; ++r) {
+      const std::string prefix = "\\[" + std::to_string(r) + "\\] rank " + std::to_string(r) + ": ";
+      EXPECT_EQ(count(output, prefix + "stalled steps status=GTP_ERROR_"), rounds) << "every round fails:\n" << output;
+      EXPECT_EQ(count(output, prefix + "destroy after stall status=GTP_SUCCESS"), rounds) << output;
+      EXPECT_EQ(count(output, prefix + "done"), 1) << output;
+    }
+    EXPECT_GE(count(output, "stalled steps status=GTP_ERROR_TIMEOUT"), 1) << "no rank timed out:\n" << output;
+    given_up = count(output, "timed out after 1 s moving data with rank");
   }
-  EXPECT_GE(count(output, "stalled steps status=GTP_ERROR_TIMEOUT"), 1) << "no rank timed out:\n" << output;
-  // What the scenario is for: a rank gave up a transfer part-way (6 of 6 runs had 2 or more).
-  EXPECT_GE(count(output, "timed out after 1 s moving data with rank"), 1) << "nothing in flight:\n" << output;
+  EXPECT_GE(given_up, 1) << "in three runs no rank gave up a transfer part-way: the scenario did not happen";
 }
 
 // INT64_MAX timeouts mean "very long", not "at once".

@@ -228,6 +228,12 @@ def part_fp8(result):
     assert not failures, "; ".join(failures)
 
 
+# The distributed optimizer's state in the format megatron.training writes by default: without
+# metadata Megatron-Core 0.19 falls back to the deprecated 'fully_sharded_model_space', whose
+# flattened ShardedTensors its own torch_dist validation refuses (the H200 run at 54d8290 failed so).
+OPTIMIZER_CKPT_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+
+
 def part_ckpt(result):
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
@@ -237,7 +243,8 @@ def part_ckpt(result):
     model, optimizer, _ = build(config, True)
     first, _, _ = train(model, optimizer, 8)
     model_sd = unwrap_model(model).sharded_state_dict()  # as megatron.training's checkpointing: the GPTModel
-    dist_checkpointing.save({"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd)}, folder)
+    dist_checkpointing.save({"model": model_sd, "optimizer": optimizer.sharded_state_dict(
+        model_sd, metadata=OPTIMIZER_CKPT_METADATA)}, folder)
     after, after_norms, _ = train(model, optimizer, 8, first_step=8)
     result["saved_then"] = {"losses": after, "loss_hex": [x.hex() for x in after]}
     release(config)
@@ -250,7 +257,7 @@ def part_ckpt(result):
             model, optimizer, _ = build(config, libgtp, seed=999)  # other weights until loaded
             model_sd = unwrap_model(model).sharded_state_dict()
             state = dist_checkpointing.load({"model": model_sd, "optimizer": optimizer.sharded_state_dict(
-                model_sd, is_loading=True)}, folder)
+                model_sd, is_loading=True, metadata=OPTIMIZER_CKPT_METADATA)}, folder)
             unwrap_model(model).load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
             losses, norms, _ = train(model, optimizer, 8, first_step=8)

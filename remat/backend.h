@@ -156,8 +156,9 @@ class Backend {
       open_ = false;
       backend_.end_collectives();
     }
-    // A batch left open by an exception is cancelled (cancel_collectives): nothing of it is launched,
-    // so a half-filled batch never meets peers' collectives. Its own errors are dropped.
+    // A batch left open by an exception is cancelled (cancel_collectives). On NCCL that does not stop
+    // the collectives enqueued so far (docs/reliability.md, Failing ranks): peers are released by the
+    // abort of the communicators that follows the failure. Its own errors are dropped.
     ~CollectiveBatch();
     CollectiveBatch(const CollectiveBatch&) = delete;
     CollectiveBatch& operator=(const CollectiveBatch&) = delete;

@@ -324,7 +324,6 @@ void CudaBackend::begin_collectives() {
   if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
   batching_ = true;
   batch_comms_.clear();
-  fill_tags_->pending.open = false;
 }
 
 void CudaBackend::end_collectives() {
@@ -367,8 +366,9 @@ void CudaBackend::cancel_collectives() noexcept {
   // The test transport enqueued each collective as it was called: nothing is left to cancel (its
   // peers' flag waits end at the rig's spin timeout).
   if (collectives_ != nullptr) return;
-  // NCCL cannot drop a group's collectives, but a call inside the group that it refuses (here, one
-  // on no communicator) makes ncclGroupEnd fail and launch none of them (NCCL's group error).
+  // NCCL cannot drop a group's collectives; a call inside the group that it refuses (here, one on
+  // no communicator) makes ncclGroupEnd fail, but on the H200 NCCL 2.28 still ran the collectives
+  // enqueued before it (cuda_failure_test): peers are released by abort_communicators.
   float unused = 0;
   ncclAllReduce(&unused, &unused, 1, ncclFloat32, ncclMax, nullptr, nullptr);
   ncclGroupEnd();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -90,6 +91,11 @@ struct OneGpuRig::State {
   std::unique_ptr<std::atomic<std::uint32_t>[]> issued;
   std::uint32_t* progress = nullptr;
   std::uint32_t* progress_device = nullptr;
+  // Per (world rank, communicator), kernel flags only: collectives whose departure round ran, counted
+  // on the device (mapped memory), replays of captured ones included.
+  std::uint32_t* executed = nullptr;
+  std::uint32_t* executed_device = nullptr;
+  bool trace = false;  // GTP_RIG_TRACE set: every collective issued is printed (stderr)
 };
 
 namespace {
@@ -163,6 +169,13 @@ class Transport : public DeviceCollectives {
     streams_[c] = stream;
     const int rank = s_.rank_in[me_][group];
     const std::uint32_t sequence = ++s_.issued[me_ * s_.comms.size() + c];
+    if (s_.trace) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(stream, &capture);
+      std::fprintf(stderr, "one-GPU rig trace: rank %d group %d %s #%u on stream %p%s\n", me_, group,
+                   rs ? "reduce-scatter" : "gather", sequence, static_cast<void*>(stream),
+                   capture == cudaStreamCaptureStatusActive ? " (captured)" : "");
+    }
     round(stream, c, comm, rank, 0, ptr, 0);
     move(comm, rank);
     round(stream, c, comm, rank, 1, nullptr, sequence);
@@ -176,7 +189,8 @@ class Transport : public DeviceCollectives {
     std::uint32_t* progress = s_.progress_device + me_ * s_.comms.size() + c;
     if (!s_.memops) {
       rig::flag_round_kernel(stream, comm.flags, comm.ptrs, ptr != nullptr, ptr, size, rank, round, s_.timeout_ns,
-                             s_.report_device, c, done != 0 ? progress : nullptr, done);
+                             s_.report_device, c, done != 0 ? progress : nullptr, done,
+                             done != 0 ? s_.executed_device + me_ * s_.comms.size() + c : nullptr);
       return;
     }
     std::uint32_t* base = comm.flags + static_cast<std::int64_t>(round) * size * size;
@@ -297,6 +311,12 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
   std::fill(s.progress, s.progress + slots, 0u);
   check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.progress_device), s.progress, 0),
         "cudaHostGetDevicePointer");
+  check(cudaHostAlloc(reinterpret_cast<void**>(&s.executed), slots * sizeof(std::uint32_t), cudaHostAllocMapped),
+        "cudaHostAlloc");
+  std::fill(s.executed, s.executed + slots, 0u);
+  check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&s.executed_device), s.executed, 0),
+        "cudaHostGetDevicePointer");
+  s.trace = std::getenv("GTP_RIG_TRACE") != nullptr;
   s.arena_bytes = (arena_bytes_per_rank + 255) / 256 * 256;
   check(cudaMalloc(&s.arena, static_cast<std::size_t>(world) * s.arena_bytes), "cudaMalloc (the ranks' arenas)");
   auto* next = static_cast<std::uint32_t*>(s.memory);
@@ -333,6 +353,7 @@ OneGpuRig::~OneGpuRig() {
   cudaFree(state_->memory);
   cudaFreeHost(state_->report);
   cudaFreeHost(state_->progress);
+  cudaFreeHost(state_->executed);
 }
 
 std::string OneGpuRig::progress_report() const {
@@ -345,7 +366,12 @@ std::string OneGpuRig::progress_report() const {
       const volatile std::uint32_t* done = s.progress + r * s.comms.size() + c;
       out += "rank " + std::to_string(r) + " group " + std::to_string(s.comms[c].group) +
              (s.comms[c].reduce_scatter ? " reduce-scatter" : " gather") + ": issued " + std::to_string(issued) +
-             ", completed through " + std::to_string(*done) + "\n";
+             ", completed through " + std::to_string(*done);
+      if (!s.memops) {
+        const volatile std::uint32_t* executed = s.executed + r * s.comms.size() + c;
+        out += ", executed " + std::to_string(*executed) + " (graph replays included)";
+      }
+      out += "\n";
     }
   }
   return out;

@@ -79,7 +79,9 @@ class OneGpuRig {
   std::string timeout_report() const;
   // Per rank and communicator used: collectives issued by its thread, and the last one its stream
   // has completed (from mapped host memory, without synchronizing; replays of a captured collective
-  // report the number it had at capture). What the watchdog prints when a rank hangs.
+  // report the number it had at capture), and with kernel flags how many its stream executed, replays
+  // included. What the watchdog prints when a rank hangs, and on_rig_ranks when a rank fails. With
+  // GTP_RIG_TRACE set in the environment, every collective a rank issues is printed to stderr.
   std::string progress_report() const;
 
   // One communicator: ranks (world ranks, in group-rank order) and its device state.

@@ -25,7 +25,7 @@ __device__ long long now_ns() {
 
 __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr, int size, int rank,
                            int round, long long timeout_ns, TimeoutReport* report, int comm, std::uint32_t* progress,
-                           std::uint32_t done) {
+                           std::uint32_t done, std::uint32_t* executed) {
   volatile std::uint32_t* base = flags + static_cast<std::int64_t>(round) * size * size;
   if (publish) *reinterpret_cast<const void* volatile*>(&ptrs[rank]) = ptr;
   __threadfence();  // the pointer (and this rank's earlier writes) before the flags
@@ -52,6 +52,10 @@ __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish
   }
   __threadfence();
   if (progress != nullptr) *reinterpret_cast<volatile std::uint32_t*>(progress) = done;
+  if (executed != nullptr) {  // only this rank's kernels on one stream touch it: no atomic needed
+    volatile std::uint32_t* count = executed;
+    *count = *count + 1;
+  }
 }
 
 __global__ void gather(const void* const* ptrs, int size, unsigned char* recv, std::int64_t bytes) {
@@ -109,9 +113,9 @@ unsigned blocks_for(std::int64_t items) {
 
 void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr,
                        int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm,
-                       std::uint32_t* progress, std::uint32_t done) {
+                       std::uint32_t* progress, std::uint32_t done, std::uint32_t* executed) {
   flag_round<<<1, 1, 0, stream>>>(flags, ptrs, publish, ptr, size, rank, round, timeout_ns, report, comm, progress,
-                                  done);
+                                  done, executed);
   launched("flag kernel");
 }
 

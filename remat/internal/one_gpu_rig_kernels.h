@@ -18,10 +18,12 @@ struct TimeoutReport {
 // One flag round by a one-thread kernel: publishes `ptr` into ptrs[rank] when `publish`, raises
 // flags[round][q][rank] for every peer q, waits for flags[round][rank][r] of every peer r (at most
 // `timeout_ns`, then fills `report` and traps) and lowers them.
-// Then, when `progress` is not null, writes `done` there (mapped host memory: the watchdog's report).
+// Then, when `progress` is not null, writes `done` there, and when `executed` is not null, counts one
+// more collective there (both mapped host memory, for the watchdog's report: `done` is the number the
+// host gave the collective, which a CUDA graph replays as recorded; `executed` counts replays too).
 void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** ptrs, bool publish, const void* ptr,
                        int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm,
-                       std::uint32_t* progress, std::uint32_t done);
+                       std::uint32_t* progress, std::uint32_t done, std::uint32_t* executed);
 
 // recv[r * bytes ...] = ptrs[r][0 .. bytes) for every r (skipped where it is recv's own segment).
 void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes);

@@ -4,6 +4,10 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -114,6 +118,19 @@ inline std::chrono::seconds rig_watchdog() {
   return std::chrono::seconds(seconds > 0 && end != nullptr && *end == '\0' ? seconds : 300);
 }
 
+// The watchdog's view of a hung rank: its thread's host stack, printed by the thread itself on
+// SIGUSR2 (backtrace_symbols_fd is async-signal-safe once backtrace has been called before). Frames
+// read "binary(+0xOFFSET)": `addr2line -Cfe BINARY OFFSET` on the same binary names them.
+inline thread_local int rig_rank_of_thread = -1;
+inline void print_rig_rank_stack(int) {
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  char header[64];
+  const int len = std::snprintf(header, sizeof header, "one-GPU rig: rank %d host stack:\n", rig_rank_of_thread);
+  if (len > 0) (void)!write(2, header, static_cast<std::size_t>(len));
+  backtrace_symbols_fd(frames, n, 2);
+}
+
 // Runs body(rank) for every rank of `rig` on its own thread; rethrows the first rank's exception.
 inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& body,
                          std::chrono::seconds watchdog = rig_watchdog()) {
@@ -123,8 +140,17 @@ inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& bo
   std::condition_variable finished;
   int done = 0;
   std::vector<std::thread> threads;
+  std::vector<char> finished_rank(n, 0);
+  {
+    void* warm[1];
+    backtrace(warm, 1);  // loads what backtrace needs now, not inside the signal handler
+    struct sigaction action = {};
+    action.sa_handler = print_rig_rank_stack;
+    sigaction(SIGUSR2, &action, nullptr);
+  }
   for (int rank = 0; rank < n; ++rank) {
     threads.emplace_back([&, rank] {
+      rig_rank_of_thread = rank;
       try {
         body(rank);
       } catch (...) {
@@ -132,6 +158,7 @@ inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& bo
       }
       std::lock_guard<std::mutex> lock(mutex);
       ++done;
+      finished_rank[rank] = 1;
       finished.notify_all();
     });
   }
@@ -145,12 +172,33 @@ inline void on_rig_ranks(OneGpuRig& rig, const std::function<void(int rank)>& bo
                    n - done, n, static_cast<long long>(watchdog.count()), rig.timeout_report().c_str());
       std::fprintf(stderr, "%s", rig.progress_report().c_str());
       std::fflush(stderr);
+      for (int rank = 0; rank < n; ++rank) {  // where each hung rank's thread is, one at a time
+        if (finished_rank[rank]) continue;
+        pthread_kill(threads[rank].native_handle(), SIGUSR2);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      }
       std::_Exit(3);
     }
   }
   for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
+  // Every rank's failure, with the rig's reports: the first rank's error is often only the sticky
+  // CUDA error another rank's timed-out wait left, and the cause is on a later rank.
+  std::exception_ptr first;
+  for (int rank = 0; rank < n; ++rank) {
+    if (!errors[rank]) continue;
+    if (!first) first = errors[rank];
+    try {
+      std::rethrow_exception(errors[rank]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "one-GPU rig: rank %d failed: %s\n", rank, e.what());
+    } catch (...) {
+      std::fprintf(stderr, "one-GPU rig: rank %d failed with a non-standard exception\n", rank);
+    }
+  }
+  if (first) {
+    std::fprintf(stderr, "%s\n%s", rig.timeout_report().c_str(), rig.progress_report().c_str());
+    std::fflush(stderr);
+    std::rethrow_exception(first);
   }
 }
 

@@ -7,10 +7,14 @@
 #                                   with the host backend (kernel flags: every wait bounded)
 #   overlap_rig                     gtp-overlap-bench-rig: reduce-scatter exposure in backward, the
 #                                   current grad_buffer order against the old one (rs-wait), one run
+#   rig_runtime_host                the runtime test's eager cases at G = 2, 4, 8 with host-rendezvous
+#                                   flags (GTP_RIG_FLAGS=host: what the sanitizer steps use)
 #   *_memcheck                      both tests under compute-sanitizer memcheck (API errors reported:
-#                                   no NCCL in these binaries), stream-memory-operation flags
+#                                   no NCCL in these binaries), host-rendezvous flags, eager cases
+#                                   (compute-sanitizer runs kernels one at a time: spinning flags
+#                                   deadlock there, and host-rendezvous collectives cannot be captured)
 #   rig_runtime_memops              the runtime test at G = 4 with stream-memory-operation flags
-#   *_racecheck, *_synccheck        the runtime test at G = 2
+#   *_racecheck, *_synccheck        the runtime test's eager cases at G = 2, host-rendezvous flags
 # Output is line-buffered (stdbuf) so a killed step still leaves its log; a hung rig ends with the
 # watchdog's report (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
 # Binaries from tools/stage-gpu.sh (.carry/bin). Logs and the JSONs land in $OUT/rig_results.tgz; one
@@ -47,14 +51,16 @@ step 150 rig_runtime_test $bin/one_gpu_rig_runtime_test
 step 90 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench.json"
 grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$work/overlap_rig.log"
-step 120 rig_test_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $bin/one_gpu_rig_test
-step 150 rig_runtime_memcheck env GTP_RIG_FLAGS=memops compute-sanitizer --tool memcheck --error-exitcode 9 \
-  $bin/one_gpu_rig_runtime_test --gtest_filter='*G2:*CapturedStep*G4'
+eager='*EveryWire*:*UndefinedGrads*:*KeepGathered*'
+step 90 rig_runtime_host env GTP_RIG_FLAGS=host $bin/one_gpu_rig_runtime_test --gtest_filter="$eager"
+step 120 rig_test_memcheck env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_test --gtest_filter='*MatchTheirDefinitions*:*Interleave*'
+step 150 rig_runtime_memcheck env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
+  $bin/one_gpu_rig_runtime_test --gtest_filter="${eager//\*:/*G2:}*G2:*EveryWire*G4"
 step 90 rig_runtime_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_runtime_test --gtest_filter='*G4'
 for tool in racecheck synccheck; do
-  step 90 "rig_runtime_$tool" env GTP_RIG_FLAGS=memops compute-sanitizer --tool $tool --error-exitcode 9 \
-    $bin/one_gpu_rig_runtime_test --gtest_filter='*EveryWire*G2:*CapturedStep*G2'
+  step 90 "rig_runtime_$tool" env GTP_RIG_FLAGS=host compute-sanitizer --tool $tool --error-exitcode 9 \
+    $bin/one_gpu_rig_runtime_test --gtest_filter='*EveryWire*G2:*KeepGathered*G2'
 done
 step 60 overlap_rig_g8 $bin/gtp-overlap-bench-rig --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench_g8.json"

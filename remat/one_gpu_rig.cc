@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -96,6 +99,20 @@ struct OneGpuRig::State {
   std::uint32_t* executed = nullptr;
   std::uint32_t* executed_device = nullptr;
   bool trace = false;  // GTP_RIG_TRACE set: every collective issued is printed (stderr)
+  // Flags::kHostRendezvous, per communicator: each collective's two rounds, the event every group
+  // rank recorded for it (by sequence number). Events live until the rig does: a peer may still be
+  // about to wait on one when its owner moves on.
+  bool host = false;
+  struct HostRound {
+    std::vector<cudaEvent_t> events;  // [group rank]
+    int recorded = 0;
+  };
+  struct HostComm {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<std::pair<std::uint32_t, int>, HostRound> rounds;  // (sequence, round)
+  };
+  std::vector<std::unique_ptr<HostComm>> host_comms;
 };
 
 namespace {
@@ -176,9 +193,65 @@ class Transport : public DeviceCollectives {
                    rs ? "reduce-scatter" : "gather", sequence, static_cast<void*>(stream),
                    capture == cudaStreamCaptureStatusActive ? " (captured)" : "");
     }
+    if (s_.host) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
+        throw std::logic_error("one-GPU rig: host-rendezvous flags cannot be captured into a CUDA graph (each "
+                               "collective's order comes from events the ranks exchange as they issue it); use "
+                               "kernel or stream-memory-operation flags for captures");
+      }
+      host_round(stream, c, comm, rank, 0, ptr, sequence);
+      move(comm, rank);
+      host_round(stream, c, comm, rank, 1, nullptr, sequence);
+      return;
+    }
     round(stream, c, comm, rank, 0, ptr, 0);
     move(comm, rank);
     round(stream, c, comm, rank, 1, nullptr, sequence);
+  }
+
+  // Flags::kHostRendezvous: this rank records an event after its part of the round (in the arrival
+  // round, after a kernel that publishes its pointer), hands it to the peers through the host, waits
+  // on the host until every peer has handed over its own for the same collective, and makes `stream`
+  // wait for all of them. Every wait is then on work already submitted, and no kernel spins, so it
+  // also runs where kernels run one at a time (compute-sanitizer).
+  void host_round(cudaStream_t stream, int c, const OneGpuRig::Comm& comm, int rank, int round, const void* ptr,
+                  std::uint32_t sequence) {
+    const int size = static_cast<int>(comm.ranks.size());
+    const std::size_t slot = me_ * s_.comms.size() + c;
+    rig::host_round_kernel(stream, ptr != nullptr ? comm.ptrs + rank : nullptr, ptr,
+                           round == 1 ? s_.progress_device + slot : nullptr, sequence,
+                           round == 1 ? s_.executed_device + slot : nullptr);
+    cudaEvent_t mine = nullptr;
+    check(cudaEventCreateWithFlags(&mine, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t recorded = cudaEventRecord(mine, stream);
+    OneGpuRig::State::HostComm& h = *s_.host_comms[c];
+    std::vector<cudaEvent_t> peers;
+    {
+      std::unique_lock<std::mutex> lock(h.mutex);
+      OneGpuRig::State::HostRound& r = h.rounds[{sequence, round}];
+      if (r.events.empty()) r.events.assign(size, nullptr);
+      r.events[rank] = mine;  // owned by the table from here on, recorded or not
+      check(recorded, "cudaEventRecord");
+      ++r.recorded;
+      h.changed.notify_all();
+      const auto limit = std::chrono::nanoseconds(s_.timeout_ns);
+      if (!h.changed.wait_for(lock, limit, [&] { return r.recorded == size; })) {
+        std::string missing;
+        for (int q = 0; q < size; ++q) {
+          if (r.events[q] == nullptr) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        }
+        throw std::runtime_error("one-GPU rig: group rank " + std::to_string(rank) + " waited " +
+                                 std::to_string(s_.timeout_ns / 1000000000LL) + " s for group ranks " + missing +
+                                 (round == 0 ? " to issue" : " to finish issuing") + " collective #" +
+                                 std::to_string(sequence) + " of group " + std::to_string(comm.group) +
+                                 (comm.reduce_scatter ? " (reduce-scatters)" : " (gathers)"));
+      }
+      peers = r.events;
+    }
+    for (int q = 0; q < size; ++q) {
+      if (q != rank) check(cudaStreamWaitEvent(stream, peers[q], 0), "cudaStreamWaitEvent");
+    }
   }
 
   // `done` (non-zero after the departure round): written to this rank's progress word of the
@@ -331,7 +404,9 @@ OneGpuRig::OneGpuRig(int device, int world, std::vector<std::vector<std::vector<
   }
   s.write = driver_entry("cuStreamWriteValue32");
   s.wait = driver_entry("cuStreamWaitValue32");
-  s.memops = flags != Flags::kKernels && memops_usable(s, scratch);
+  s.host = flags == Flags::kHostRendezvous;
+  for (std::size_t c = 0; s.host && c < s.comms.size(); ++c) s.host_comms.push_back(std::make_unique<State::HostComm>());
+  s.memops = !s.host && flags != Flags::kKernels && memops_usable(s, scratch);
   if (s.memops) {  // the progress words are mapped host memory: a diagnostic, so only if it works
     cudaStream_t stream = nullptr;
     if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess) {
@@ -354,6 +429,13 @@ OneGpuRig::~OneGpuRig() {
   cudaFreeHost(state_->report);
   cudaFreeHost(state_->progress);
   cudaFreeHost(state_->executed);
+  for (const auto& h : state_->host_comms) {
+    for (const auto& [key, round] : h->rounds) {
+      for (cudaEvent_t e : round.events) {
+        if (e != nullptr) cudaEventDestroy(e);
+      }
+    }
+  }
 }
 
 std::string OneGpuRig::progress_report() const {
@@ -367,7 +449,7 @@ std::string OneGpuRig::progress_report() const {
       out += "rank " + std::to_string(r) + " group " + std::to_string(s.comms[c].group) +
              (s.comms[c].reduce_scatter ? " reduce-scatter" : " gather") + ": issued " + std::to_string(issued) +
              ", completed through " + std::to_string(*done);
-      if (!s.memops) {
+      if (!s.memops) {  // kernel flags and host rendezvous count on the device
         const volatile std::uint32_t* executed = s.executed + r * s.comms.size() + c;
         out += ", executed " + std::to_string(*executed) + " (graph replays included)";
       }
@@ -380,7 +462,8 @@ std::string OneGpuRig::progress_report() const {
 std::string OneGpuRig::flags() const {
   const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* loading = std::getenv("CUDA_MODULE_LOADING");
-  return std::string(state_->memops ? "stream memory operations" : "kernels") + ", CUDA_DEVICE_MAX_CONNECTIONS=" +
+  const char* how = state_->host ? "host rendezvous (events)" : state_->memops ? "stream memory operations" : "kernels";
+  return std::string(how) + ", CUDA_DEVICE_MAX_CONNECTIONS=" +
          (queues != nullptr ? queues : "unset") + (kQueuesSet ? "" : " (not set)") +
          ", CUDA_MODULE_LOADING=" + (loading != nullptr ? loading : "unset") + (kEagerSet ? "" : " (not set)");
 }

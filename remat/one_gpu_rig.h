@@ -18,7 +18,13 @@
 // interleaved with eager ones. The host never waits for a peer; a rank thread may run ahead of the
 // others by any number of collectives (its stream waits, as NCCL's kernels would).
 //
-// Flags are raised and awaited by one-thread kernels that spin at most `spin_timeout` and then trap
+// Flags::kHostRendezvous needs no device flags: each round, a rank records a CUDA event and hands it to
+// its peers on the host, waits (at most `spin_timeout`, then throws naming the missing ranks) until
+// every peer has handed over its own for the same collective, and makes its stream wait on them. No
+// kernel spins and every wait is on work already submitted, so it runs under compute-sanitizer, which
+// runs kernels one at a time (the modes below then deadlock); the host exchange is what NCCL would not
+// do, and a collective in it cannot be captured into a CUDA graph (refused: std::logic_error).
+// Otherwise flags are raised and awaited by one-thread kernels that spin at most `spin_timeout` and then trap
 // (a sticky CUDA error, so the test fails instead of hanging; which wait timed out is in
 // `timeout_report()`), or, with Flags::kStreamMemOps, by CUDA stream memory operations
 // (cuStreamWriteValue32 / cuStreamWaitValue32: the stream's front end waits, no kernel spins, nothing
@@ -52,7 +58,7 @@ namespace gtp::remat {
 
 class OneGpuRig {
  public:
-  enum class Flags { kAuto, kStreamMemOps, kKernels };
+  enum class Flags { kAuto, kStreamMemOps, kKernels, kHostRendezvous };
   // `world` ranks on `device`. groups[g] partitions the ranks (0..world-1) into the communicators of
   // backend group g, each rank in exactly one part; empty: one group of all ranks. Every part gets
   // two communicators (gathers, reduce-scatters), as CudaGroup has. Throws std::invalid_argument for

@@ -58,6 +58,17 @@ __global__ void flag_round(std::uint32_t* flags, const void** ptrs, bool publish
   }
 }
 
+__global__ void host_round(const void** slot, const void* ptr, std::uint32_t* progress, std::uint32_t done,
+                           std::uint32_t* executed) {
+  if (slot != nullptr) *reinterpret_cast<const void* volatile*>(slot) = ptr;
+  __threadfence_system();
+  if (progress != nullptr) *reinterpret_cast<volatile std::uint32_t*>(progress) = done;
+  if (executed != nullptr) {
+    volatile std::uint32_t* count = executed;
+    *count = *count + 1;
+  }
+}
+
 __global__ void gather(const void* const* ptrs, int size, unsigned char* recv, std::int64_t bytes) {
   bool aligned = reinterpret_cast<std::uintptr_t>(recv) % 16 == 0 && bytes % 16 == 0;
   for (int r = 0; r < size; ++r) aligned = aligned && reinterpret_cast<std::uintptr_t>(peer(ptrs, r)) % 16 == 0;
@@ -117,6 +128,12 @@ void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** p
   flag_round<<<1, 1, 0, stream>>>(flags, ptrs, publish, ptr, size, rank, round, timeout_ns, report, comm, progress,
                                   done, executed);
   launched("flag kernel");
+}
+
+void host_round_kernel(cudaStream_t stream, const void** slot, const void* ptr, std::uint32_t* progress,
+                       std::uint32_t done, std::uint32_t* executed) {
+  host_round<<<1, 1, 0, stream>>>(slot, ptr, progress, done, executed);
+  launched("host-round kernel");
 }
 
 void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes) {

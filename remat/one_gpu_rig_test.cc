@@ -151,7 +151,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, RigCollectives, ::testing::Values(1, 2, 4, 8),
 TEST(OneGpuRig, CommunicatorsOfTwoGroupsAndTwoRolesInterleave) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  OneGpuRig rig(0, 4, {{{0, 1}, {2, 3}}, {{0, 2}, {1, 3}}});
+  OneGpuRig rig(0, 4, {{{0, 1}, {2, 3}}, {{0, 2}, {1, 3}}}, testing::rig_flags_from_env());
   auto stages = testing::pinned_stages(4, std::int64_t{4} << 20);  // before any rank runs
   testing::on_rig_ranks(rig, [&](int rank) {
     CUDA_OK(cudaSetDevice(0));

@@ -25,6 +25,12 @@ void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** p
                        int size, int rank, int round, long long timeout_ns, TimeoutReport* report, int comm,
                        std::uint32_t* progress, std::uint32_t done, std::uint32_t* executed);
 
+// Flags::kHostRendezvous's device part of a round (one thread, no waiting): publishes `ptr` into
+// `slot` when `slot` is not null, writes `done` to `progress` and counts one more in `executed` when
+// those are not null.
+void host_round_kernel(cudaStream_t stream, const void** slot, const void* ptr, std::uint32_t* progress,
+                       std::uint32_t done, std::uint32_t* executed);
+
 // recv[r * bytes ...] = ptrs[r][0 .. bytes) for every r (skipped where it is recv's own segment).
 void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes);
 // recv[i] = (sum over r of ptrs[r][rank * count + i]) / size, summed from rank + 1 round to rank, the

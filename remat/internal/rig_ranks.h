@@ -27,13 +27,14 @@
 
 namespace gtp::remat::testing {
 
-// GTP_RIG_FLAGS=memops or auto picks how the rig raises its flags (bench/rig_h200.sh runs both);
+// GTP_RIG_FLAGS=memops, host or auto picks how the rig raises its flags (bench/rig_h200.sh runs them);
 // unset or anything else: kKernels (every wait bounded).
 inline OneGpuRig::Flags rig_flags_from_env() {
   const char* v = std::getenv("GTP_RIG_FLAGS");
   const std::string value = v == nullptr ? "" : v;
   if (value == "kernels") return OneGpuRig::Flags::kKernels;
   if (value == "memops") return OneGpuRig::Flags::kStreamMemOps;
+  if (value == "host") return OneGpuRig::Flags::kHostRendezvous;
   if (value == "auto") return OneGpuRig::Flags::kAuto;
   return OneGpuRig::Flags::kKernels;
 }

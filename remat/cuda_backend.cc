@@ -233,7 +233,14 @@ void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, cons
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
   collective({Collective::Op::kAllGather, group, on(stream), send, recv, bytes_per_rank});
   CudaFillTags::Pending& fill = fill_tags_->pending;
-  if (fill.open) fill.regions.push_back({recv, bytes_per_rank * group_size(group)});
+  if (!fill.open) return;
+  const std::int64_t bytes = bytes_per_rank * group_size(group);
+  if (!fill.regions.empty() &&
+      static_cast<char*>(fill.regions.back().ptr) + fill.regions.back().bytes == static_cast<char*>(recv)) {
+    fill.regions.back().bytes += bytes;  // a key's in-place weights lie back to back in its slot
+  } else {
+    fill.regions.push_back({recv, bytes});
+  }
 }
 
 void CudaBackend::collective(const Collective& c) {

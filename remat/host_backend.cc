@@ -139,8 +139,14 @@ void HostBackend::begin_collectives() {
 
 void HostBackend::end_collectives() {
   batching_ = false;
-  try {
-    for (const Collective& c : batch_) collective(c);  // the first that throws ends the batch
+  try {  // the first that throws ends the batch
+    if (recording_) {
+      for (const Collective& c : batch_) recorded_.emplace_back([c] { make(c); });
+    } else {
+      as_work([&] {
+        for (const Collective& c : batch_) make(c);
+      });
+    }
   } catch (...) {
     batch_.clear();
     throw;

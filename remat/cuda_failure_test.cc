@@ -73,6 +73,7 @@ class LoggingTransport : public DeviceCollectives {
   int rank(int) const override { return 0; }
   void all_gather(cudaStream_t stream, int, const void* send, void* recv, std::int64_t bytes) override {
     log_->push_back("all_gather " + std::to_string(bytes));
+    if (recv == send) return;  // the warm-up gathers in place
     EXPECT_EQ(cudaMemcpyAsync(recv, send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream),
               cudaSuccess);
   }

@@ -6,6 +6,10 @@
 # image); the other GPU tests whose batches go through the changed code; then the check's cost per
 # fill and per submission (fill_tag_cuda_bench: one JSON line). Binaries from tools/stage-gpu.sh
 # (.carry/bin); logs in $OUT; one summary line per step. About 1-2 minutes, at most GTP_DEADLINE s.
+# Staging only what it runs keeps .carry small:
+#   tools/stage-gpu.sh //remat:cuda_failure_test //remat:cuda_fill_tags_test //remat:cuda_backend_test \
+#     //remat:cuda_stream_capture_test //remat:cuda_fill_graphs_test //remat:one_gpu_rig_test \
+#     //remat:one_gpu_rig_runtime_test //bench/remat:fill_tag_cuda_bench
 #   bash bench/batch_h200.sh
 set -uo pipefail
 source bench/gpu_env.sh

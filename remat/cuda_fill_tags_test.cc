@@ -157,10 +157,10 @@ TEST(CudaFillTags, ThroughTheBackendAPeerWithAnotherTagPoisonsEveryGatherAndNoth
     EXPECT_EQ(count, 2);
     throw std::runtime_error("the ranks' fill tags differ");
   };
-  const auto fill = [&] {
+  const auto fill = [&](std::uint64_t weights) {
     must(cudaMemset(recv, 0x22, total));
     Backend::CollectiveBatch batch(backend);
-    backend.check_fill_tags(stream, 0, tag_of(7), &check);
+    backend.check_fill_tags(stream, 0, tag_of(weights), &check);
     backend.all_gather(stream, 0, send, recv, kChunk);
     backend.all_gather(stream, 0, send, recv + 2 * kChunk, kChunk);
     backend.all_gather(stream, 0, send, recv + 4 * kChunk + kGap, kChunk);
@@ -170,14 +170,18 @@ TEST(CudaFillTags, ThroughTheBackendAPeerWithAnotherTagPoisonsEveryGatherAndNoth
     must(cudaMemcpy(host.data(), recv, host.size(), cudaMemcpyDeviceToHost));
     return host;
   };
-  std::vector<unsigned char> host = fill();
-  for (std::int64_t i = 0; i < total; ++i) {
-    const bool gap = i >= 4 * kChunk && i < 4 * kChunk + kGap;
-    ASSERT_EQ(host[i], gap ? 0x22 : 0x11) << "byte " << i << " with matching tags";
+  // Two fills with different tags, the peer agreeing: had the second gathered its tag before writing
+  // it, both ranks' gathered tags would be the first fill's, and the check would poison.
+  for (std::uint64_t weights : {7, 8}) {
+    const std::vector<unsigned char> host = fill(weights);
+    for (std::int64_t i = 0; i < total; ++i) {
+      const bool gap = i >= 4 * kChunk && i < 4 * kChunk + kGap;
+      ASSERT_EQ(host[i], gap ? 0x22 : 0x11) << "byte " << i << " with matching tags, fill " << weights;
+    }
+    EXPECT_NO_THROW(Backend::CallScope call(backend));
   }
-  EXPECT_NO_THROW(Backend::CallScope call(backend));
   peer_differs = true;
-  host = fill();
+  const std::vector<unsigned char> host = fill(9);
   for (std::int64_t i = 0; i < total; ++i) {
     const bool gap = i >= 4 * kChunk && i < 4 * kChunk + kGap;
     ASSERT_EQ(host[i], gap ? 0x22 : 0xFF) << "byte " << i << " after a mismatch";

@@ -12,9 +12,9 @@
 //   event marking all work enqueued on that stream so far; `wait(stream, event)` orders later work on
 //   `stream` after it; `forget(event)` says the runtime will not wait on it again, so the backend may
 //   recycle it (a pooled cudaEvent_t). Everything between streams (side or consumer) goes by events.
-// - On the host backend every call completes before it returns, so streams are ignored and every
-//   event is complete when recorded; the runtime still records and waits on them, so both backends
-//   follow the same protocol.
+// - On the host backend every call completes before it returns (a batch's collectives: when the batch
+//   is launched, CollectiveBatch), so streams are ignored and every event is complete when recorded;
+//   the runtime still records and waits on them, so both backends follow the same protocol.
 #pragma once
 
 #include <cstdint>
@@ -145,20 +145,20 @@ class Backend {
   // Orders later work on `waiter` after everything enqueued so far on every side stream.
   void join_all(Stream waiter);
 
-  // Collectives enqueued while a batch is open may be launched together when it is (one NCCL group
-  // on the CUDA backend, which enqueues every collective of the group at ncclGroupEnd). So nothing
-  // but collectives may be enqueued on their streams meanwhile: it would run before them.
+  // Collectives called while a batch is open are only recorded by the backends; launch() issues them
+  // in call order (one NCCL group on the CUDA backend). Other work called meanwhile is enqueued at
+  // once, so it runs before the batch's collectives on their stream (the CUDA fill-tag write relies
+  // on it); anything that must follow them is called after launch().
   class CollectiveBatch {
    public:
     explicit CollectiveBatch(Backend& backend) : backend_(backend) { backend_.begin_collectives(); }
-    // Enqueues the batch; throws what the backend's end_collectives throws.
+    // Issues the batch; throws what the backend's end_collectives throws (the batch is then closed).
     void launch() {
       open_ = false;
       backend_.end_collectives();
     }
-    // A batch left open by an exception is cancelled (cancel_collectives). On NCCL that does not stop
-    // the collectives enqueued so far (docs/reliability.md, Failing ranks): peers are released by the
-    // abort of the communicators that follows the failure. Its own errors are dropped.
+    // A batch left open by an exception is cancelled (cancel_collectives): none of its collectives
+    // is issued, so no peer receives part of it (docs/reliability.md, Failing ranks).
     ~CollectiveBatch();
     CollectiveBatch(const CollectiveBatch&) = delete;
     CollectiveBatch& operator=(const CollectiveBatch&) = delete;
@@ -200,8 +200,8 @@ class Backend {
   virtual void poll_fill_tags() {}
   virtual void begin_collectives() {}
   virtual void end_collectives() {}
-  // Closes an open batch without launching any of its collectives. The default ends it (a backend
-  // whose collectives run at once has nothing left to launch).
+  // Closes an open batch without issuing any of its collectives. The default ends it (for a backend
+  // with no batches, whose collectives ran at once).
   virtual void cancel_collectives() noexcept;
   virtual void begin_call() {}
   virtual void end_call() {}

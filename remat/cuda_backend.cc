@@ -192,7 +192,7 @@ Stream CudaBackend::side_stream(int group, Role role) {
 }
 
 void CudaBackend::enqueued(comm::NcclComm& comm, int result, const char* what) {
-  if (batching_ && result == ncclSuccess) {  // enqueued by the batch's ncclGroupEnd
+  if (grouped_ && result == ncclSuccess) {  // enqueued by the batch's ncclGroupEnd
     if (std::find(batch_comms_.begin(), batch_comms_.end(), &comm) == batch_comms_.end()) {
       batch_comms_.push_back(&comm);
     }
@@ -231,16 +231,58 @@ void CudaBackend::unpack_gemm(Stream stream, const kernels::WireSpec& spec, cons
 }
 
 void CudaBackend::all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  const CudaGroup& g = comms(group);  // throws for an unknown group
-  if (collectives_ != nullptr) {
-    collectives_->all_gather(on(stream), group, send, recv, bytes_per_rank);
-  } else {
-    comm::NcclComm& c = *g.gather;
-    enqueued(c, ncclAllGather(send, recv, static_cast<std::size_t>(bytes_per_rank), ncclUint8, c.get(), on(stream)),
-             "ncclAllGather");
-  }
+  collective({Collective::Op::kAllGather, group, on(stream), send, recv, bytes_per_rank});
   CudaFillTags::Pending& fill = fill_tags_->pending;
-  if (fill.open) fill.regions.push_back({recv, bytes_per_rank * group_size(group)});
+  if (!fill.open) return;
+  const std::int64_t bytes = bytes_per_rank * group_size(group);
+  if (!fill.regions.empty() &&
+      static_cast<char*>(fill.regions.back().ptr) + fill.regions.back().bytes == static_cast<char*>(recv)) {
+    fill.regions.back().bytes += bytes;  // a key's in-place weights lie back to back in its slot
+  } else {
+    fill.regions.push_back({recv, bytes});
+  }
+}
+
+void CudaBackend::collective(const Collective& c) {
+  comms(c.group);  // throws for an unknown group, before anything is recorded
+  if (batching_) {
+    batch_.push_back(c);
+  } else {
+    issue(c);
+  }
+}
+
+void CudaBackend::issue(const Collective& c) {
+  const CudaGroup& g = comms(c.group);
+  switch (c.op) {
+    case Collective::Op::kAllGather: {
+      if (collectives_ != nullptr) return collectives_->all_gather(c.stream, c.group, c.send, c.recv, c.count);
+      comm::NcclComm& nccl = *g.gather;
+      return enqueued(nccl, ncclAllGather(c.send, c.recv, static_cast<std::size_t>(c.count), ncclUint8, nccl.get(),
+                                          c.stream),
+                      "ncclAllGather");
+    }
+    case Collective::Op::kAllReduceMax: {
+      auto* data = static_cast<float*>(c.recv);
+      if (collectives_ != nullptr) return collectives_->all_reduce_max(c.stream, c.group, data, c.count);
+      comm::NcclComm& nccl = *g.gather;
+      return enqueued(nccl, ncclAllReduce(data, data, static_cast<std::size_t>(c.count), ncclFloat32, ncclMax,
+                                          nccl.get(), c.stream),
+                      "ncclAllReduce(max)");
+    }
+    case Collective::Op::kReduceScatterMean: {
+      const auto* send = static_cast<const float*>(c.send);
+      auto* recv = static_cast<float*>(c.recv);
+      if (collectives_ != nullptr) return collectives_->reduce_scatter_mean(c.stream, c.group, send, recv, c.count);
+      comm::NcclComm& nccl = *g.reduce_scatter;
+      // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
+      // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
+      const ncclRedOp_t op = group_size(c.group) == 1 ? ncclSum : ncclAvg;
+      return enqueued(nccl, ncclReduceScatter(send, recv, static_cast<std::size_t>(c.count), ncclFloat32, op,
+                                              nccl.get(), c.stream),
+                      "ncclReduceScatter(mean)");
+    }
+  }
 }
 
 void CudaBackend::check_fill_tags(Stream stream, int group, const FillTag& mine, const FillTagCheck* check) {
@@ -267,22 +309,11 @@ void CudaBackend::poll_fill_tags() {
 }
 
 void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int64_t count) {
-  const CudaGroup& g = comms(group);  // throws for an unknown group
-  if (collectives_ != nullptr) return collectives_->all_reduce_max(on(stream), group, data, count);
-  comm::NcclComm& c = *g.gather;
-  enqueued(c, ncclAllReduce(data, data, static_cast<std::size_t>(count), ncclFloat32, ncclMax, c.get(), on(stream)),
-           "ncclAllReduce(max)");
+  collective({Collective::Op::kAllReduceMax, group, on(stream), data, data, count});
 }
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  const CudaGroup& g = comms(group);  // throws for an unknown group
-  if (collectives_ != nullptr) return collectives_->reduce_scatter_mean(on(stream), group, send, recv, recv_count);
-  comm::NcclComm& c = *g.reduce_scatter;
-  // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
-  // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
-  const ncclRedOp_t op = group_size(group) == 1 ? ncclSum : ncclAvg;
-  enqueued(c, ncclReduceScatter(send, recv, static_cast<std::size_t>(recv_count), ncclFloat32, op, c.get(), on(stream)),
-           "ncclReduceScatter(mean)");
+  collective({Collective::Op::kReduceScatterMean, group, on(stream), send, recv, recv_count});
 }
 
 void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) {
@@ -316,14 +347,8 @@ const CudaBackend::Live& CudaBackend::live(Event id) const {
 void CudaBackend::begin_collectives() {
   if (batching_) throw std::logic_error("CudaBackend: collective batches do not nest");
   fill_tags_->pending.open = false;
-  if (collectives_ != nullptr) {  // the test transport enqueues each collective as it is called
-    batching_ = true;
-    return;
-  }
-  const ncclResult_t result = ncclGroupStart();
-  if (result != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(result));
+  batch_.clear();
   batching_ = true;
-  batch_comms_.clear();
 }
 
 void CudaBackend::end_collectives() {
@@ -331,19 +356,48 @@ void CudaBackend::end_collectives() {
   CudaFillTags::Pending& fill = fill_tags_->pending;
   const bool verify = fill.open;
   fill.open = false;
-  if (collectives_ == nullptr) {  // the test transport enqueued each collective as it was called
-    const ncclResult_t result = ncclGroupEnd();
-    if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
-      for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
-    } else if (result != ncclSuccess) {
-      throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
-    }
+  try {
+    issue_batch();
+  } catch (...) {
+    batch_.clear();
+    throw;
   }
+  batch_.clear();
   if (verify) {  // after the gathers, before anything the runtime enqueues next (the unpacks)
     launch("verify_fill_tags_cuda", [&] {
       verify_fill_tags_cuda(fill_tags_->recv(fill.group), group_size(fill.group), fill.mine, fill.group, fill.regions,
                             fill_tags_->device_verdict(), fill.stream);
     });
+  }
+}
+
+void CudaBackend::issue_batch() {
+  if (collectives_ != nullptr) {  // the test transport: one after another, as NCCL would run them
+    for (const Collective& c : batch_) issue(c);
+    return;
+  }
+  if (batch_.empty()) return;
+  const ncclResult_t start = ncclGroupStart();
+  if (start != ncclSuccess) throw CudaError(std::string("ncclGroupStart failed: ") + ncclGetErrorString(start));
+  grouped_ = true;
+  batch_comms_.clear();
+  try {
+    for (const Collective& c : batch_) issue(c);
+  } catch (...) {
+    // NCCL refused a call of the group (an aborted communicator, a bad argument): ending the group
+    // reports it again (dropped: the first error is the one thrown). NCCL may still run the calls it
+    // accepted before it; the C ABI aborts the communicators on this error, which releases peers
+    // (docs/reliability.md, Failing ranks).
+    grouped_ = false;
+    ncclGroupEnd();
+    throw;
+  }
+  grouped_ = false;
+  const ncclResult_t result = ncclGroupEnd();
+  if (result == ncclInProgress) {  // non-blocking communicators: each finishes enqueueing on its own
+    for (comm::NcclComm* c : batch_comms_) c->wait_enqueued(timeout_);
+  } else if (result != ncclSuccess) {
+    throw CudaError(std::string("ncclGroupEnd (batched collectives) failed: ") + ncclGetErrorString(result));
   }
 }
 
@@ -362,16 +416,11 @@ void CudaBackend::end_call() {
 }
 
 void CudaBackend::cancel_collectives() noexcept {
+  // Nothing of the batch reached NCCL or the test transport: dropping the record cancels it. Work
+  // enqueued on a stream meanwhile (a fill's tag write) stays; it touches this rank's buffers only.
   batching_ = false;
-  // The test transport enqueued each collective as it was called: nothing is left to cancel (its
-  // peers' flag waits end at the rig's spin timeout).
-  if (collectives_ != nullptr) return;
-  // NCCL cannot drop a group's collectives; a call inside the group that it refuses (here, one on
-  // no communicator) makes ncclGroupEnd fail, but on the H200 NCCL 2.28 still ran the collectives
-  // enqueued before it (cuda_failure_test): peers are released by abort_communicators.
-  float unused = 0;
-  ncclAllReduce(&unused, &unused, 1, ncclFloat32, ncclMax, nullptr, nullptr);
-  ncclGroupEnd();
+  batch_.clear();
+  fill_tags_->pending.open = false;
 }
 
 void CudaBackend::abort_communicators(const std::string& /*reason*/) noexcept {

@@ -125,12 +125,12 @@ class CudaBackend : public Backend {
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
-  // One ncclGroupStart / ncclGroupEnd around a batch (Backend::CollectiveBatch).
   void poll_fill_tags() override;
+  // A batch (Backend::CollectiveBatch) records its collectives; end_collectives issues them in one
+  // ncclGroupStart / ncclGroupEnd (the test transport: in order), then the fill-tag check kernel.
   void begin_collectives() override;
   void end_collectives() override;
-  // Poisons the open NCCL group with a call NCCL refuses, so ncclGroupEnd fails (on the H200, NCCL
-  // 2.28 still ran the collectives enqueued before: the abort of the communicators releases peers).
+  // Drops the record: NCCL (or the test transport) never sees any of the batch.
   void cancel_collectives() noexcept override;
   // Within a call, each stream's capture status is read once (capture_id); the call runs with the
   // backend's device current, and the caller's device is restored at its end.
@@ -145,6 +145,19 @@ class CudaBackend : public Backend {
   void start(std::vector<CudaStreamPriorities> priorities);
   const std::pair<int, int>& shape(int group) const;  // (size, rank); throws for an unknown group
   void enqueued(comm::NcclComm& comm, int result, const char* what);
+  // A collective as the runtime called it; recorded while a batch is open, issued at its end.
+  struct Collective {
+    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean };
+    Op op;
+    int group;
+    cudaStream_t stream;
+    const void* send;
+    void* recv;
+    std::int64_t count;  // bytes per rank (gather), floats (all-reduce), floats per rank (reduce-scatter)
+  };
+  void collective(const Collective& c);  // records it in an open batch, else issues it
+  void issue(const Collective& c);       // to NCCL (or the test transport)
+  void issue_batch();                    // the recorded collectives, in one NCCL group
   struct Live {
     cudaEvent_t event;
     cudaStream_t stream;         // where it was recorded
@@ -164,8 +177,10 @@ class CudaBackend : public Backend {
   std::unordered_map<Event, Live> live_;
   std::vector<std::unique_ptr<std::function<void()>>> graph_callbacks_;  // captured host callbacks
   Event next_ = 0;
-  bool batching_ = false;
-  std::vector<comm::NcclComm*> batch_comms_;  // the communicators of the open batch's collectives
+  bool batching_ = false;                    // a batch is open: collectives are recorded
+  std::vector<Collective> batch_;            // its record (cleared, never shrunk: no allocation per batch)
+  bool grouped_ = false;                     // issue_batch is inside ncclGroupStart / ncclGroupEnd
+  std::vector<comm::NcclComm*> batch_comms_;  // the communicators of the group's collectives
   bool in_call_ = false;
   int caller_device_ = -1;  // the device current when the call began
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call

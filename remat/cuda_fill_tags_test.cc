@@ -1,11 +1,13 @@
 // GPU test of the CUDA backend's fill-tag check (docs/reliability.md, "Ranks that disagree"): the
-// check kernel on one device, and two ranks on two devices gathering different weights. Skips,
+// check kernel on one device, the whole check through the backend with a fake peer (a test transport)
+// on one device, and two ranks on two devices gathering different weights. Skips,
 // printing why, without a CUDA device (the two-rank case without two).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "comm/thread_bootstrap.h"
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
+#include "remat/device_collectives.h"
 #include "remat/fill_tags_cuda.h"
 #include "remat/runtime.h"
 
@@ -97,6 +100,96 @@ TEST(CudaFillTags, WriteKernelPutsTheTagOnTheDevice) {
   FillTag back;
   must(cudaMemcpy(&back, tags.send(0), sizeof back, cudaMemcpyDeviceToHost));
   EXPECT_TRUE(back == mine);
+}
+
+// A test transport of two ranks, this one rank 0, on one device: the peer's half of every gather is
+// this rank's data, or 0x5A bytes where `peer_differs` (so its tag differs too).
+class FakePeer : public DeviceCollectives {
+ public:
+  explicit FakePeer(const bool* peer_differs) : peer_differs_(peer_differs) {}
+  int group_count() const override { return 1; }
+  int size(int) const override { return 2; }
+  int rank(int) const override { return 0; }
+  void all_gather(cudaStream_t stream, int, const void* send, void* recv, std::int64_t bytes) override {
+    char* peer = static_cast<char*>(recv) + bytes;
+    if (recv != send) {  // the warm-up gathers in place
+      must(cudaMemcpyAsync(recv, send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+    }
+    if (*peer_differs_) {
+      must(cudaMemsetAsync(peer, 0x5A, static_cast<std::size_t>(bytes), stream));
+    } else {
+      must(cudaMemcpyAsync(peer, send, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+  void all_reduce_max(cudaStream_t, int, float*, std::int64_t) override {}
+  void reduce_scatter_mean(cudaStream_t stream, int, const float* send, float* recv, std::int64_t count) override {
+    if (recv != send) must(cudaMemcpyAsync(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  }
+  void* allocate(std::int64_t bytes) override {
+    void* ptr = nullptr;
+    must(cudaMalloc(&ptr, static_cast<std::size_t>(bytes)));
+    return ptr;
+  }
+  void deallocate(void* ptr) override { cudaFree(ptr); }
+
+ private:
+  const bool* peer_differs_;
+};
+
+// Through the backend on one GPU: a fill of three gathers, the first two back to back (one poison
+// region), the third after a gap. Matching tags leave the gathered bytes as gathered; a peer with
+// another tag gets every gathered byte set to 0xFF, the gap left alone, and the next call throws.
+TEST(CudaFillTags, ThroughTheBackendAPeerWithAnotherTagPoisonsEveryGatherAndNothingElse) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  bool peer_differs = false;
+  CudaBackend backend(0, std::make_unique<FakePeer>(&peer_differs));
+  const Stream stream = backend.side_stream(0, Role::kGather);
+  constexpr std::int64_t kChunk = 256, kGap = 512;
+  // [gather 0: 2 chunks][gather 1: 2 chunks][gap][gather 2: 2 chunks]
+  const std::int64_t total = 6 * kChunk + kGap;
+  char* recv = static_cast<char*>(backend.allocate(total));
+  char* send = static_cast<char*>(backend.allocate(kChunk));
+  must(cudaMemset(send, 0x11, kChunk));
+  int reported = 0;
+  const Backend::FillTagCheck check = [&](int, const FillTag*, int count, const char*) {
+    ++reported;
+    EXPECT_EQ(count, 2);
+    throw std::runtime_error("the ranks' fill tags differ");
+  };
+  const auto fill = [&](std::uint64_t weights) {
+    must(cudaMemset(recv, 0x22, total));
+    Backend::CollectiveBatch batch(backend);
+    backend.check_fill_tags(stream, 0, tag_of(weights), &check);
+    backend.all_gather(stream, 0, send, recv, kChunk);
+    backend.all_gather(stream, 0, send, recv + 2 * kChunk, kChunk);
+    backend.all_gather(stream, 0, send, recv + 4 * kChunk + kGap, kChunk);
+    batch.launch();
+    must(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+    std::vector<unsigned char> host(static_cast<std::size_t>(total));
+    must(cudaMemcpy(host.data(), recv, host.size(), cudaMemcpyDeviceToHost));
+    return host;
+  };
+  // Two fills with different tags, the peer agreeing: had the second gathered its tag before writing
+  // it, both ranks' gathered tags would be the first fill's, and the check would poison.
+  for (std::uint64_t weights : {7, 8}) {
+    const std::vector<unsigned char> host = fill(weights);
+    for (std::int64_t i = 0; i < total; ++i) {
+      const bool gap = i >= 4 * kChunk && i < 4 * kChunk + kGap;
+      ASSERT_EQ(host[i], gap ? 0x22 : 0x11) << "byte " << i << " with matching tags, fill " << weights;
+    }
+    EXPECT_NO_THROW(Backend::CallScope call(backend));
+  }
+  peer_differs = true;
+  const std::vector<unsigned char> host = fill(9);
+  for (std::int64_t i = 0; i < total; ++i) {
+    const bool gap = i >= 4 * kChunk && i < 4 * kChunk + kGap;
+    ASSERT_EQ(host[i], gap ? 0x22 : 0xFF) << "byte " << i << " after a mismatch";
+  }
+  EXPECT_THROW(Backend::CallScope call(backend), std::runtime_error);
+  EXPECT_EQ(reported, 1);
+  backend.deallocate(send, kChunk);
+  backend.deallocate(recv, total);
 }
 
 bool is_nan_bf16(std::uint16_t bits) { return (bits & 0x7F80) == 0x7F80 && (bits & 0x7F) != 0; }

@@ -6,7 +6,8 @@
 // as NCCL orders a communicator's collectives (one after another, in issue order, on every rank); the
 // host never waits for a peer. Gathers and amax all-reduces of a group share one communicator,
 // reduce-scatters have their own (CudaGroup). Batches (Backend::CollectiveBatch) need nothing from a
-// transport that enqueues each collective as it is called.
+// transport: the backend records a batch's collectives and calls them here, in order, at its end (a
+// cancelled batch calls none).
 #pragma once
 
 #include <cuda_runtime_api.h>

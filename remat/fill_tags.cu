@@ -1,5 +1,6 @@
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -13,10 +14,14 @@ void check(cudaError_t error, const char* what) {
   if (error != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(error));
 }
 
+// Up to N regions by value: a launch's parameters are copied with it, so a fill of a few regions
+// (most fills: one per weight, contiguous ones merged) passes the small set, not all 48.
+template <int N>
 struct Regions {
-  PoisonRegion r[kPoisonRegionsPerLaunch];
+  PoisonRegion r[N];
   int n;
 };
+constexpr int kSmallLaunchRegions = 4;
 
 __device__ bool same_identity(const FillTag& a, const FillTag& b) {
   return a.weights == b.weights && a.versions == b.versions && a.first == b.first && a.count == b.count &&
@@ -28,7 +33,8 @@ __global__ void write_tag_kernel(FillTag tag, FillTag* dst) { *dst = tag; }
 // Every block checks the tags (a few hundred bytes, from L2 after the first block); without a mismatch
 // that is all. With one, the blocks overwrite the regions in a grid-stride loop of 16-byte stores and
 // block 0 writes the verdict.
-__global__ void verify_tags_kernel(const FillTag* gathered, int count, FillTag mine, int group, Regions regions,
+template <int N>
+__global__ void verify_tags_kernel(const FillTag* gathered, int count, FillTag mine, int group, Regions<N> regions,
                                    FillTagVerdict* verdict) {
   bool differs = false;
   for (int r = threadIdx.x; r < count; r += blockDim.x) differs = differs || !same_identity(gathered[r], mine);
@@ -51,6 +57,16 @@ __global__ void verify_tags_kernel(const FillTag* gathered, int count, FillTag m
   }
 }
 
+template <int N>
+void launch_verify(const FillTag* gathered, int count, const FillTag& mine, int group, const PoisonRegion* first,
+                   int n, FillTagVerdict* verdict, cudaStream_t stream) {
+  Regions<N> batch{};
+  for (int k = 0; k < n; ++k) batch.r[k] = first[k];
+  batch.n = n;
+  verify_tags_kernel<N><<<64, 256, 0, stream>>>(gathered, count, mine, group, batch, verdict);
+  check(cudaGetLastError(), "verify_fill_tags_cuda");
+}
+
 }  // namespace
 
 void write_fill_tag_cuda(const FillTag& tag, FillTag* dst, cudaStream_t stream) {
@@ -62,10 +78,14 @@ void verify_fill_tags_cuda(const FillTag* gathered, int count, const FillTag& mi
                            const std::vector<PoisonRegion>& regions, FillTagVerdict* verdict, cudaStream_t stream) {
   std::size_t next = 0;
   do {  // at least one launch: a fill with no region still reports
-    Regions batch{};
-    while (next < regions.size() && batch.n < kPoisonRegionsPerLaunch) batch.r[batch.n++] = regions[next++];
-    verify_tags_kernel<<<64, 256, 0, stream>>>(gathered, count, mine, group, batch, verdict);
-    check(cudaGetLastError(), "verify_fill_tags_cuda");
+    const int left = static_cast<int>(std::min<std::size_t>(regions.size() - next, kPoisonRegionsPerLaunch));
+    const PoisonRegion* first = regions.data() + next;
+    if (left <= kSmallLaunchRegions) {
+      launch_verify<kSmallLaunchRegions>(gathered, count, mine, group, first, left, verdict, stream);
+    } else {
+      launch_verify<kPoisonRegionsPerLaunch>(gathered, count, mine, group, first, left, verdict, stream);
+    }
+    next += static_cast<std::size_t>(left);
   } while (next < regions.size());
 }
 

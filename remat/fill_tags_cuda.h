@@ -34,7 +34,8 @@ void write_fill_tag_cuda(const FillTag& tag, FillTag* dst, cudaStream_t stream);
 
 // Compares the `count` gathered tags with `mine`; when any differs, sets every byte of `regions` to
 // 0xFF and writes `verdict` (a device pointer to mapped host memory), once. One launch per
-// kPoisonRegionsPerLaunch regions (each re-checks). Throws std::runtime_error when a launch fails.
+// kPoisonRegionsPerLaunch regions (each re-checks); a launch of up to 4 regions carries only those
+// (about 170 bytes of parameters instead of about 870). Throws std::runtime_error when a launch fails.
 void verify_fill_tags_cuda(const FillTag* gathered, int count, const FillTag& mine, int group,
                            const std::vector<PoisonRegion>& regions, FillTagVerdict* verdict, cudaStream_t stream);
 
@@ -54,7 +55,8 @@ class CudaFillTags {
   const FillTagVerdict* found() const { return verdict_->found != 0 ? verdict_ : nullptr; }
 
   // The fill whose tag gather is in the open collective batch: its stream, group and tag, and the
-  // gathered regions its all_gathers add, checked at the batch's end.
+  // gathered regions its all_gathers add (one region for gathers that follow each other in memory),
+  // checked at the batch's end.
   struct Pending {
     bool open = false;
     cudaStream_t stream = nullptr;

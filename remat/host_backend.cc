@@ -63,21 +63,15 @@ void HostBackend::unpack_gemm(Stream, const kernels::WireSpec& spec, const kerne
 }
 
 void HostBackend::all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) {
-  comm::HostComm& c = comm(group);
-  run([=, &c] { c.all_gather(send, recv, static_cast<std::size_t>(bytes_per_rank)); });
+  collective({Collective::Op::kAllGather, &comm(group), group, send, recv, bytes_per_rank, FillTag{}});
 }
 
 void HostBackend::all_reduce_max(Stream, int group, float* data, std::int64_t count) {
-  comm::HostComm& c = comm(group);
-  run([=, &c] { c.all_reduce_max(data, static_cast<std::size_t>(count)); });
+  collective({Collective::Op::kAllReduceMax, &comm(group), group, data, data, count, FillTag{}});
 }
 
 void HostBackend::reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) {
-  comm::HostComm& c = comm(group);
-  run([=, &c] {
-    c.reduce_scatter(send, recv, static_cast<std::size_t>(recv_count), comm::HostDataType::kFloat32,
-                     comm::HostReduceOp::kMean);
-  });
+  collective({Collective::Op::kReduceScatterMean, &comm(group), group, send, recv, recv_count, FillTag{}});
 }
 
 void HostBackend::add(Stream, const float* src, float* dst, std::int64_t count) {
@@ -93,24 +87,76 @@ void HostBackend::fill(Stream, void* dst, unsigned char byte, std::int64_t bytes
 void HostBackend::host_callback(Stream, std::function<void()> callback) { run(std::move(callback)); }
 
 void HostBackend::check_fill_tags(Stream, int group, const FillTag& mine, const FillTagCheck* check) {
-  comm::HostComm& c = comm(group);
-  run([=, &c] {
-    std::vector<FillTag> tags(static_cast<std::size_t>(c.size()));
-    c.all_gather(&mine, tags.data(), sizeof(FillTag));
-    try {
-      (*check)(group, tags.data(), c.size(), nullptr);
-    } catch (const DivergenceError&) {
-      // Every rank holds the same tags, so every rank throws this. A rank that threw aborts its
-      // communicators (C ABI): a barrier first, so no rank's abort reaches a peer still receiving the
-      // tags, which would report the abort instead of the divergence. An abort here comes from a
-      // rank past the barrier, when this rank already has the tags: the divergence is still the error.
+  collective({Collective::Op::kFillTags, &comm(group), group, nullptr, nullptr, 0, mine, check});
+}
+
+void HostBackend::collective(const Collective& c) {
+  if (batching_) {
+    batch_.push_back(c);
+  } else if (recording_) {
+    recorded_.emplace_back([c] { make(c); });
+  } else {
+    as_work([&] { make(c); });
+  }
+}
+
+void HostBackend::make(const Collective& c) {
+  comm::HostComm& hc = *c.comm;
+  switch (c.op) {
+    case Collective::Op::kAllGather:
+      return hc.all_gather(c.send, c.recv, static_cast<std::size_t>(c.count));
+    case Collective::Op::kAllReduceMax:
+      return hc.all_reduce_max(static_cast<float*>(c.recv), static_cast<std::size_t>(c.count));
+    case Collective::Op::kReduceScatterMean:
+      return hc.reduce_scatter(c.send, c.recv, static_cast<std::size_t>(c.count), comm::HostDataType::kFloat32,
+                               comm::HostReduceOp::kMean);
+    case Collective::Op::kFillTags: {
+      std::vector<FillTag> tags(static_cast<std::size_t>(hc.size()));
+      hc.all_gather(&c.tag, tags.data(), sizeof(FillTag));
       try {
-        c.barrier();
-      } catch (const comm::CommError&) {
+        (*c.check)(c.group, tags.data(), hc.size(), nullptr);
+      } catch (const DivergenceError&) {
+        // Every rank holds the same tags, so every rank throws this. A rank that threw aborts its
+        // communicators (C ABI): a barrier first, so no rank's abort reaches a peer still receiving the
+        // tags, which would report the abort instead of the divergence. An abort here comes from a
+        // rank past the barrier, when this rank already has the tags: the divergence is still the error.
+        try {
+          hc.barrier();
+        } catch (const comm::CommError&) {
+        }
+        throw;
       }
-      throw;
+      return;
     }
-  });
+  }
+}
+
+void HostBackend::begin_collectives() {
+  if (batching_) throw std::logic_error("HostBackend: collective batches do not nest");
+  batch_.clear();
+  batching_ = true;
+}
+
+void HostBackend::end_collectives() {
+  batching_ = false;
+  try {  // the first that throws ends the batch
+    if (recording_) {
+      for (const Collective& c : batch_) recorded_.emplace_back([c] { make(c); });
+    } else {
+      as_work([&] {
+        for (const Collective& c : batch_) make(c);
+      });
+    }
+  } catch (...) {
+    batch_.clear();
+    throw;
+  }
+  batch_.clear();
+}
+
+void HostBackend::cancel_collectives() noexcept {
+  batching_ = false;
+  batch_.clear();
 }
 
 void HostBackend::begin_graph(Stream) {

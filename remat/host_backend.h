@@ -1,5 +1,6 @@
 // HostBackend: the remat runtime on CPU memory, the CPU reference kernels and HostComm (UCX), so
-// real multi-rank training steps run without a GPU. Every call completes before it returns.
+// real multi-rank training steps run without a GPU. Every call completes before it returns, except
+// the collectives of an open batch, which run when it is launched.
 #pragma once
 
 #include <functional>
@@ -41,7 +42,7 @@ class HostBackend : public Backend {
   void add(Stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
   void host_callback(Stream, std::function<void()> callback) override;
-  // One all_gather of the 32-byte tags, then `*check` on them, before the fill's own gathers.
+  // One all_gather of the tags, then `*check` on them, before the fill's own gathers.
   void check_fill_tags(Stream, int group, const FillTag& mine, const FillTagCheck* check) override;
 
   // A distinct non-null handle per (group, role), so ordering calls stay distinguishable.
@@ -65,8 +66,27 @@ class HostBackend : public Backend {
  protected:
   void* do_allocate(std::int64_t bytes) override;
   void do_deallocate(void* ptr) override;
+  // A batch (Backend::CollectiveBatch) records its collectives and makes them, in order, at its end;
+  // a cancelled batch makes none, so peers never receive part of it.
+  void begin_collectives() override;
+  void end_collectives() override;
+  void cancel_collectives() noexcept override;
 
  private:
+  // A collective as the runtime called it (kept while a batch is open, made at its end).
+  struct Collective {
+    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean, kFillTags } op;
+    comm::HostComm* comm;
+    int group;
+    const void* send;
+    void* recv;
+    std::int64_t count;  // bytes per rank (gather), floats (all-reduce), floats per rank (reduce-scatter)
+    FillTag tag;                          // kFillTags: this rank's
+    const FillTagCheck* check = nullptr;  // kFillTags
+  };
+  // Keeps `c` in an open batch; otherwise makes it (or records it into the graph being recorded).
+  void collective(const Collective& c);
+  static void make(const Collective& c);
   comm::HostComm& comm(int group) const;
   // Runs `work`, or keeps it for the graph being recorded.
   template <typename Work>
@@ -92,6 +112,8 @@ class HostBackend : public Backend {
   std::vector<comm::HostComm*> groups_;
   std::vector<char> stream_tags_;  // 2 per group: the addresses are the side-stream handles
   Event events_ = 0;
+  bool batching_ = false;
+  std::vector<Collective> batch_;  // the open batch's (cleared, never shrunk)
   bool recording_ = false;
   std::vector<std::function<void()>> recorded_;
   std::map<Graph, std::vector<std::function<void()>>> graphs_;

@@ -13,6 +13,8 @@ targets=(
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
   //remat:one_gpu_rig_test //remat:one_gpu_rig_runtime_test //bench/overlap:gtp-overlap-bench-rig
 )
+# Targets given as arguments replace the list (a smaller .carry for one script, e.g. bench/batch_h200.sh).
+[ $# -gt 0 ] && targets=("$@")
 bazel build -c opt "${targets[@]}"
 rm -rf .carry && mkdir -p .carry/bin .carry/lib
 for t in "${targets[@]}"; do

@@ -4,7 +4,7 @@ import os
 import traceback
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 1
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t

@@ -277,7 +277,7 @@ def _refresh(tensor, view, member):
 def weight_amax(member):
     """The amax libgtp packed `member`'s NVFP4 wire with, as TE's NVFP4Tensor keeps it (FP32 [1], TE's GEMM
     and dequantize take amax / 2688): the largest finite |x| of the whole weight, reduced over the group
-    by the weight's latest shard_updated (docs/formats.md), which is TE's global amax of the same weight.
+    by the weight's latest shard_updated (docs/formats.md): for a finite weight, TE's own global amax.
     Copied from libgtp's amax slot (gtp_weight_amax) into a tensor of the parameter's own, on the current
     stream, after the materialize that orders the slot there; TE's tensors never point into libgtp's
     array, which a later registration may move. An update of the shard without shard_updated, which

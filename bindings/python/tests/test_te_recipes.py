@@ -122,34 +122,33 @@ def test_weight_amax_is_libgtp_finite_amax_of_the_latest_pack(ctx):
     assert getattr(other, "_te_amax", None) is None
 
 
-def _full_nvfp4_weight(step):
-    """The whole 64 x 64 weight of `step` (every rank builds it): its largest |x| in rank 0's rows at step
-    0, in rank 1's at step 1, with an Inf and a NaN (skipped by the amax) on the other rank."""
+def _full_nvfp4_weight(step, rows, cols):
+    """The whole weight of `step` (every rank builds it): its largest |x| in rank 0's rows at step 0, in
+    rank 1's (the last rows) at step 1, with an Inf and a NaN (skipped by the amax) on the other rank."""
     torch.manual_seed(11 + step)
-    full = torch.randn(64, 64)
-    peak_row, other_row = (5, 40) if step == 0 else (40, 5)
+    full = torch.randn(rows, cols)
+    peak_row, other_row = (5, rows - 3) if step == 0 else (rows - 3, 5)
     full[peak_row, 7] = -9.0 if step == 0 else 13.0
     full[other_row, 1], full[other_row, 2] = float("inf"), float("nan")
     return full
 
 
-def _two_rank_nvfp4(rank, world, store_dir):
+def _two_rank_nvfp4(rank, world, store_dir, rows, cols):
     """At G = 2: the NVFP4 wire goes to NVFP4BlockScaling; per step, this rank's local amax, the amax TE's
     tensor gets (through _refresh, what every materialize runs), and its worst relative error decoding
     the GEMM layout as TE does (global decode scale amax / 2688) against libgtp's BF16 layout."""
     ctx = gt.Context(torch.distributed.FileStore(store_path(store_dir), world), rank, world)
     try:
-        rows = cols = 64
         geometry = ctx.geometry(rows, cols, "nvfp4")
         mine = slice(geometry.row_start, geometry.row_start + geometry.valid_rows)
-        param = gt.ShardedParameter(_full_nvfp4_weight(0)[mine], ctx, "w", rows, cols, wire="nvfp4", nvfp4_2d=True)
+        param = gt.ShardedParameter(_full_nvfp4_weight(0, rows, cols)[mine], ctx, "w", rows, cols, wire="nvfp4", nvfp4_2d=True)
         tq._active_recipe = lambda: _Recipe("nvfp4")
         layout = tq.recipe_layout(param, "forward")
         out = []
         for step in range(2):
             if step:
                 with torch.no_grad():
-                    param.copy_(_full_nvfp4_weight(step)[mine])
+                    param.copy_(_full_nvfp4_weight(step, rows, cols)[mine])
             ctx.shard_updated([param])
             full = ctx.view_at(ctx.materialize([param.gtp_weight])[0], (rows, cols), torch.bfloat16).float()
             ctx.release([param.gtp_weight])
@@ -159,6 +158,7 @@ def _two_rank_nvfp4(rank, world, store_dir):
                 _rowwise_scale_inv=torch.zeros(tq.nvfp4_scale_shape(rows, cols, False), dtype=torch.uint8),
                 _columnwise_scale_inv=torch.zeros(tq.nvfp4_scale_shape(rows, cols, True), dtype=torch.uint8))
             tq._refresh(tensor, view, param)
+            assert tuple(view.data_t.tensor.shape) == (cols, rows // 2), "TE's column-wise data shape"
             amax = tensor._amax_rowwise
             decoded = _decode_te_nvfp4(view.data.tensor[:rows], tensor._rowwise_scale_inv, amax / 2688.0)
             finite = full.isfinite()  # a 16x16 tile holding an Inf or a NaN decodes to NaN, in TE's semantics too
@@ -172,11 +172,12 @@ def _two_rank_nvfp4(rank, world, store_dir):
         ctx.close()
 
 
-def test_nvfp4_at_g_2_gets_the_group_reduced_amax():
+@pytest.mark.parametrize("shape", [(64, 64), (144, 80)], ids=["64x64", "144x80_padded"])
+def test_nvfp4_at_g_2_gets_the_group_reduced_amax(shape):
     """G = 2, each rank's shard with a different amax: TE's NVFP4Tensor on either rank gets the max over both
     (libgtp's amax slot, gtp_weight_amax), after the second update the new max, and decoding the gathered
     GEMM layout with TE's amax / 2688 gives libgtp's BF16 layout (up to its rounding)."""
-    results = run_ranks(_two_rank_nvfp4, 2)
+    results = run_ranks(_two_rank_nvfp4, 2, *shape)
     for step, want in enumerate((9.0, 13.0)):
         locals_ = [out[step][0] for _, out in results]
         assert want in locals_ and min(locals_) < want, "one rank holds the peak, the other a smaller amax"

@@ -64,8 +64,8 @@ struct Weight {
                                         // sends_from_shard
   std::uint64_t version = 0;            // shard updates so far; 0: never packed
   bool pack_pending = false;            // the chunk is older than `version`: pack before gathering
-  // FP8, NVFP4: the weight's slot in its group's amax array (Registry::amax_of), fixed while it is
-  // registered; -1 for wires that need no tensor amax.
+  // FP8, NVFP4: the weight's slot (an index) in its group's amax array (Registry::amax_of), fixed while
+  // it is registered; -1 for wires that need no tensor amax.
   std::int64_t amax_slot = -1;
   std::vector<WeightId> members;        // a leader's experts after itself, in registration order
   // Its registration in its group on this rank (0, 1, ... counting unregistered weights too), and the
@@ -109,9 +109,9 @@ class Registry {
   // another group still reading a chunk is never overtaken.
   void shard_updated(const WeightId* ids, std::int64_t n, Stream stream);
   // The weight's reduced tensor amax (backend memory) that its packs read; null for wires without one.
-  // Each weight has its own slot, at a fixed address while it is registered, so a pack enqueued later
-  // (lazily, or captured into a CUDA graph and replayed) reads this weight's latest amax whatever other
-  // weights were updated since, and in whatever order.
+  // Each weight has its own slot while it is registered, so a pack enqueued later (lazily, or captured
+  // into a CUDA graph and replayed) reads this weight's latest amax whatever other weights were updated
+  // since, and in whatever order. The address moves only when add() grows the group's array.
   const float* amax_of(WeightId id) const;
   // Enqueues the weight's pending pack on its group's gather stream (nothing when it is current).
   void pack_if_pending(WeightId id);

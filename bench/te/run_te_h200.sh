@@ -18,6 +18,7 @@ python3 -c "import torch, transformer_engine as te, transformer_engine.pytorch; 
 if [[ $steps == *tests* ]]; then
   echo "== pytest: TE layers on libgtp, gtp.torch CUDA tests, TE-protocol CPU tests"
   python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests/test_te.py bindings/python/tests/test_te_protocol.py \
+    bindings/python/tests/test_te_nvfp4_g2.py \
     > "$out/pytest_te.log" 2>&1
   echo "pytest exit: $?"
   grep -E "^(FAILED|ERROR)|^E  |passed|failed" "$out/pytest_te.log" | head -n 60

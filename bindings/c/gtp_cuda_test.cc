@@ -1,7 +1,8 @@
 // GTP_BACKEND_CUDA through the C ABI. On a machine without a CUDA device (CPU CI) create must fail
 // with GTP_ERROR_CUDA and say why; on a GPU a 1-rank context (a size-1 NCCL world split into its
 // groups) materializes device-resident BF16 weights on every wire format on a real stream, byte-equal
-// to a host-backend context on the same data (the host backend runs kernels/reference.h), reduces a
+// to a host-backend context on the same data (the host backend runs kernels/reference.h), its FP8 and
+// NVFP4 amax slots (gtp_weight_amax, device memory) equal to the host context's, reduces a
 // gradient into a device main grad (through the group's second, reduce-scatter communicator), reports
 // stats, and aborts without hanging.
 #include <cuda_runtime_api.h>
@@ -109,6 +110,12 @@ TEST(CAbiCuda, OneRankMaterializesEveryWireLikeTheReferenceAndReducesGrads) {
     expected[i].assign(p, p + elements);
   }
   ASSERT_EQ(gtp_release(host, host_w.handles, kWires, nullptr), GTP_SUCCESS) << gtp_last_error(host);
+  // gtp_weight_amax (0.7.1): the FP8 and NVFP4 weights' amax, in host memory on the host backend.
+  std::vector<float> expected_amax(kWires, -1.0f);
+  for (int i = 0; i < kWires; ++i) {
+    const float* slot = nullptr;
+    if (gtp_weight_amax(host, host_w.handles[i], &slot) == GTP_SUCCESS) expected_amax[i] = *slot;
+  }
   ASSERT_EQ(gtp_context_destroy(host), GTP_SUCCESS);
   EXPECT_NE(expected[0], expected[1]) << "FP8 reproduced BF16 exactly: the data does not tell the wires apart";
 
@@ -137,6 +144,17 @@ TEST(CAbiCuda, OneRankMaterializesEveryWireLikeTheReferenceAndReducesGrads) {
       ASSERT_EQ(cudaMemcpyAsync(got[i].data(), ptrs[i], elements * sizeof(uint16_t), cudaMemcpyDeviceToHost, stream),
                 cudaSuccess);
     }
+    // The amax slots (device memory), read on the stream the materialize ordered after the packs.
+    std::vector<float> amax(kWires, -1.0f);
+    for (int i = 0; i < kWires; ++i) {
+      const float* slot = nullptr;
+      const gtp_status_t status = gtp_weight_amax(ctx, w.handles[i], &slot);
+      const bool has_amax = kWireList[i] == GTP_WIRE_FP8 || kWireList[i] == GTP_WIRE_NVFP4;
+      ASSERT_EQ(status, has_amax ? GTP_SUCCESS : GTP_ERROR_INVALID_ARGUMENT) << kNames[i] << gtp_last_error(ctx);
+      if (has_amax) {
+        ASSERT_EQ(cudaMemcpyAsync(&amax[i], slot, sizeof(float), cudaMemcpyDeviceToHost, stream), cudaSuccess);
+      }
+    }
     ASSERT_EQ(gtp_release(ctx, w.handles, kWires, stream), GTP_SUCCESS) << gtp_last_error(ctx);
     for (int i = 0; i < kWires; ++i) {
       float* grad = nullptr;
@@ -148,6 +166,8 @@ TEST(CAbiCuda, OneRankMaterializesEveryWireLikeTheReferenceAndReducesGrads) {
     ASSERT_EQ(gtp_drain(ctx, stream), GTP_SUCCESS) << gtp_last_error(ctx);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     for (int i = 0; i < kWires; ++i) EXPECT_EQ(got[i], expected[i]) << kNames[i] << " step " << step;
+    for (int i = 0; i < kWires; ++i) EXPECT_EQ(amax[i], expected_amax[i]) << kNames[i] << " amax, step " << step;
+    EXPECT_GT(expected_amax[1], 0.0f) << "the host context's FP8 amax";
   }
   // G = 1: the mean is the gradient itself, added once per step.
   for (int i = 0; i < kWires; ++i) {

@@ -18,7 +18,7 @@ int main(void) {
       grad.struct_size != sizeof grad || grad.data != NULL || grad.overwrite != 0 ||
       desc.gemm_scale_layout != GTP_SCALE_LAYOUT_ROW_MAJOR || view.struct_size != sizeof view ||
       view.scale_layout != GTP_SCALE_LAYOUT_ROW_MAJOR || view.data.ptr != NULL ||
-      GTP_GRAD_BUFFER_UNINITIALIZED != 1u || GTP_GRAD_BUFFER_SEPARATE != 2u || GTP_HEADER_VERSION != 700u ||
+      GTP_GRAD_BUFFER_UNINITIALIZED != 1u || GTP_GRAD_BUFFER_SEPARATE != 2u || GTP_HEADER_VERSION != 701u ||
       stream != NULL) {
     fprintf(stderr, "an initializer is wrong\n");
     return 1;

@@ -1,4 +1,5 @@
-// The C ABI's weights: register (the descriptor checked and resolved), unregister, shard_updated.
+// The C ABI's weights: register (the descriptor checked and resolved), unregister, shard_updated, and
+// the group-reduced amax a weight was last packed with.
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -113,6 +114,25 @@ gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* w
     const std::vector<WeightId> ids = ids_of(*ctx, ws, n);
     issuing(*ctx, "gtp_weights_shard_updated", stream,
             [&] { ctx->runtime->shard_updated(ids.data(), static_cast<std::int64_t>(ids.size()), stream); });
+  });
+}
+
+gtp_status_t gtp_weight_amax(gtp_context_t* ctx, gtp_weight_t w, const float** out) {
+  return on_context(ctx, "gtp_weight_amax", [&] {
+    require(out != nullptr, "out is NULL");
+    const WeightId id = id_of(*ctx, w);
+    const gtp::remat::Weight& weight = ctx->runtime->registry().get(id);
+    const float* slot = ctx->runtime->registry().amax_of(id);
+    require(slot != nullptr, "weight '" + weight.desc.name + "' travels on the " +
+                                 gtp::kernels::to_string(weight.desc.wire.format) +
+                                 " wire, which encodes without a tensor amax (only the fp8 and nvfp4 wires have "
+                                 "one); ask for the amax of FP8 and NVFP4 weights only");
+    // Before the first shard_updated the slot holds nothing this weight was packed with.
+    if (weight.version == 0) {
+      throw StateError("weight '" + weight.desc.name + "' has no amax yet: it was never packed; call "
+                       "gtp_weights_shard_updated on it (collectively) after gtp_weight_register");
+    }
+    *out = slot;
   });
 }
 

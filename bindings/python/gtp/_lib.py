@@ -4,7 +4,7 @@ import os
 import traceback
 
 # The gtp.h this package was written against; gtp_context_create refuses another major.minor.
-VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 0
+VERSION_MAJOR, VERSION_MINOR, VERSION_PATCH = 0, 7, 1
 HEADER_VERSION = VERSION_MAJOR * 10000 + VERSION_MINOR * 100 + VERSION_PATCH
 
 # gtp_status_t
@@ -182,6 +182,7 @@ def _declare(lib):
         "gtp_weight_register": (c_status, [vp, P(gtp_weight_desc_t), P(w)]),
         "gtp_weight_unregister": (c_status, [vp, w]),
         "gtp_weights_shard_updated": (c_status, [vp, P(w), sz, vp]),
+        "gtp_weight_amax": (c_status, [vp, w, P(P(ctypes.c_float))]),  # since 0.7.1
         "gtp_materialize": (c_status, [vp, P(w), sz, ctypes.c_int, ctypes.c_int32, ctypes.c_int, P(vp), sz, P(sz), vp]),
         "gtp_release": (c_status, [vp, P(w), sz, vp]),
         "gtp_materialize_views": (c_status, [vp, P(w), sz, ctypes.c_int, ctypes.c_int32, ctypes.c_int,

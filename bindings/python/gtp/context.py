@@ -460,6 +460,16 @@ class Context:
         handles, n = self._handles(weights)
         self._call("gtp_weights_shard_updated", handles, n, _stream(stream))
 
+    def weight_amax(self, weight):
+        """gtp_weight_amax: the address of the FP32 amax an FP8 or NVFP4 weight was last packed with (the
+        largest finite |x| of the whole weight, reduced over its group by the latest shard_updated):
+        device memory on CUDA (read it on a stream ordered after a materialize of the weight), host
+        memory on the host backend. No copy. Valid until another FP8 / NVFP4 weight is registered in the
+        same group, this one is unregistered or the context closes: ask again after registering."""
+        out = ctypes.POINTER(ctypes.c_float)()
+        self._call("gtp_weight_amax", weight.handle, ctypes.byref(out))
+        return ctypes.cast(out, ctypes.c_void_p).value
+
     def materialize(self, weights, phase="forward", model_chunk=0, stream=None):
         """Collective. Addresses of the full BF16 rows x cols weights (experts after their leader), valid
         until the matching release() (and, on CUDA, for work ordered on `stream` before it)."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import gtp
+from gtp.context import host_array
 from ranks import run_ranks, store_path
 
 ROWS, COLS = 40, 64  # G = 4: shard_rows 16, rank 3 holds only padding
@@ -215,6 +216,26 @@ def test_misuse_raises_the_status_class_with_the_library_message(tmp_path):
     ctx.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         ctx.stats()
+
+
+def test_weight_amax_is_the_finite_amax_of_the_latest_update(tmp_path):
+    """Context.weight_amax (gtp_weight_amax) on one rank: libgtp's amax slot after each shard_updated
+    (the G = 2 case: tests/test_te_recipes.py and //bindings/c:gtp_amax_test), and its refusals."""
+    with gtp.Context(gtp.FileStore(str(tmp_path)), 0, 1) as ctx:
+        shard = full_weight()
+        shard[3, 4], shard[5, 6], shard[7, 8] = -11.5, np.inf, np.nan
+        w = ctx.register("w", shard, ROWS, COLS, wire="fp8")
+        with pytest.raises(gtp.InvalidStateError, match="weight 'w' has no amax yet"):
+            ctx.weight_amax(w)
+        ctx.shard_updated([w])
+        assert host_array(ctx.weight_amax(w), (1,), np.float32)[0] == np.float32(11.5)
+        shard[3, 4] = 2.0  # registered by address: libgtp reads it at the next update
+        ctx.shard_updated([w])
+        assert host_array(ctx.weight_amax(w), (1,), np.float32)[0] == np.abs(np.nan_to_num(shard, posinf=0)).max()
+        b = ctx.register("b", full_weight(), ROWS, COLS)
+        ctx.shard_updated([b])
+        with pytest.raises(gtp.InvalidArgumentError, match="weight 'b' travels on the bf16 wire"):
+            ctx.weight_amax(b)
 
 
 def test_cuda_backend_without_a_device_is_a_cuda_error(tmp_path):

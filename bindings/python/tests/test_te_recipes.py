@@ -106,41 +106,86 @@ def test_te_scale_shapes():
     assert tq.mxfp8_scale_shape(512, 256) == (512, 8)
 
 
-def test_shard_amax_is_libgtp_finite_amax_taken_at_each_pack(ctx):
+def test_weight_amax_is_libgtp_finite_amax_of_the_latest_pack(ctx):
     param = _param(ctx, wire="nvfp4", nvfp4_2d=True)
     with torch.no_grad():
         param.fill_(0.5)
         param[1, 2], param[3, 4], param[5, 6] = -3.0, float("nan"), float("inf")
     ctx.shard_updated([param])
-    assert torch.equal(tq.shard_amax(param), torch.tensor([3.0])), "the largest finite |x|"
+    assert torch.equal(tq.weight_amax(param), torch.tensor([3.0])), "the largest finite |x|"
     param.data[0, 0] = -7.0  # through .data (no version bump), and without shard_updated: the wire is as it was
-    assert torch.equal(tq.shard_amax(param), torch.tensor([3.0])), "the amax the wire was packed with"
+    assert torch.equal(tq.weight_amax(param), torch.tensor([3.0])), "the amax the wire was packed with"
     ctx.shard_updated([param])
-    assert torch.equal(tq.shard_amax(param), torch.tensor([7.0])), "re-packed: the new amax"
+    assert torch.equal(tq.weight_amax(param), torch.tensor([7.0])), "re-packed: the new amax"
     other = _param(ctx, wire="nvfp4")  # 1D: TE never gets it as an NVFP4Tensor, nothing kept
     ctx.shard_updated([other])
     assert getattr(other, "_te_amax", None) is None
 
 
-def _two_rank_nvfp4(rank, world, store_dir):
+def _full_nvfp4_weight(step, rows, cols):
+    """The whole weight of `step` (every rank builds it): its largest |x| in rank 0's rows at step 0, in
+    rank 1's (the last rows) at step 1, with an Inf and a NaN (skipped by the amax) on the other rank."""
+    torch.manual_seed(11 + step)
+    full = torch.randn(rows, cols)
+    peak_row, other_row = (5, rows - 3) if step == 0 else (rows - 3, 5)
+    full[peak_row, 7] = -9.0 if step == 0 else 13.0
+    full[other_row, 1], full[other_row, 2] = float("inf"), float("nan")
+    return full
+
+
+def _two_rank_nvfp4(rank, world, store_dir, rows, cols):
+    """At G = 2: the NVFP4 wire goes to NVFP4BlockScaling; per step, this rank's local amax, the amax TE's
+    tensor gets (through _refresh, what every materialize runs), and its worst relative error decoding
+    the GEMM layout as TE does (global decode scale amax / 2688) against libgtp's BF16 layout."""
     ctx = gt.Context(torch.distributed.FileStore(store_path(store_dir), world), rank, world)
     try:
-        geometry = ctx.geometry(64, 64, "nvfp4")
-        param = gt.ShardedParameter(torch.randn(geometry.valid_rows, 64), ctx, "w", 64, 64, wire="nvfp4",
-                                    nvfp4_2d=True)
+        geometry = ctx.geometry(rows, cols, "nvfp4")
+        mine = slice(geometry.row_start, geometry.row_start + geometry.valid_rows)
+        param = gt.ShardedParameter(_full_nvfp4_weight(0, rows, cols)[mine], ctx, "w", rows, cols, wire="nvfp4", nvfp4_2d=True)
         tq._active_recipe = lambda: _Recipe("nvfp4")
-        try:
-            tq.recipe_layout(param, "forward")
-        except ValueError as error:
-            return str(error)
-        return None
+        layout = tq.recipe_layout(param, "forward")
+        out = []
+        for step in range(2):
+            if step:
+                with torch.no_grad():
+                    param.copy_(_full_nvfp4_weight(step, rows, cols)[mine])
+            ctx.shard_updated([param])
+            full = ctx.view_at(ctx.materialize([param.gtp_weight])[0], (rows, cols), torch.bfloat16).float()
+            ctx.release([param.gtp_weight])
+            (view,) = param.materialize_group_views(layout="gemm")
+            tensor = SimpleNamespace(
+                _amax_rowwise=None, _amax_columnwise=None,
+                _rowwise_scale_inv=torch.zeros(tq.nvfp4_scale_shape(rows, cols, False), dtype=torch.uint8),
+                _columnwise_scale_inv=torch.zeros(tq.nvfp4_scale_shape(rows, cols, True), dtype=torch.uint8))
+            tq._refresh(tensor, view, param)
+            assert tuple(view.data_t.tensor.shape) == (cols, rows // 2), "TE's column-wise data shape"
+            amax = tensor._amax_rowwise
+            decoded = _decode_te_nvfp4(view.data.tensor[:rows], tensor._rowwise_scale_inv, amax / 2688.0)
+            finite = full.isfinite()  # a 16x16 tile holding an Inf or a NaN decodes to NaN, in TE's semantics too
+            assert torch.equal(decoded.isfinite(), finite) and not finite.all()
+            error = ((decoded - full).abs() / full.abs().clamp_min(1e-30))[finite].max().item()
+            param.release_group("gemm")
+            local = param.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().item()
+            out.append((local, amax.item(), amax.dtype, tuple(amax.shape), tensor._amax_columnwise is amax, error))
+        return layout, out
     finally:
         ctx.close()
 
 
-def test_nvfp4_at_g_above_1_is_refused_with_the_fix():
-    for message in run_ranks(_two_rank_nvfp4, 2):
-        assert message is not None and "at G = 2" in message and "Use the BF16 wire under NVFP4BlockScaling" in message
+@pytest.mark.parametrize("shape", [(64, 64), (144, 80)], ids=["64x64", "144x80_padded"])
+def test_nvfp4_at_g_2_gets_the_group_reduced_amax(shape):
+    """G = 2, each rank's shard with a different amax: TE's NVFP4Tensor on either rank gets the max over both
+    (libgtp's amax slot, gtp_weight_amax), after the second update the new max, and decoding the gathered
+    GEMM layout with TE's amax / 2688 gives libgtp's BF16 layout (up to its rounding)."""
+    results = run_ranks(_two_rank_nvfp4, 2, *shape)
+    for step, want in enumerate((9.0, 13.0)):
+        locals_ = [out[step][0] for _, out in results]
+        assert want in locals_ and min(locals_) < want, "one rank holds the peak, the other a smaller amax"
+        for layout, out in results:
+            _, amax, dtype, shape, shared, error = out[step]
+            assert layout == tq.NVFP4_2D
+            assert amax == want and dtype == torch.float32 and shape == (1,) and shared, out[step]
+            assert error <= 2 ** -8, f"step {step}: TE's decode is off libgtp's BF16 layout by {error}"
 
 
 _E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -222,4 +267,4 @@ def test_a_profile_wire_goes_to_its_recipe(tmp_path, monkeypatch):
         param = _param(ctx, wire="from_group")
         assert _layout(monkeypatch, param, _Recipe("nvfp4")) == tq.NVFP4_2D
         ctx.shard_updated([param])
-        assert torch.equal(tq.shard_amax(param), param.detach().abs().amax().reshape(1))
+        assert torch.equal(tq.weight_amax(param), param.detach().abs().amax().reshape(1))

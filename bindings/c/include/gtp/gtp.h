@@ -17,7 +17,7 @@ extern "C" {
 
 #define GTP_VERSION_MAJOR 0
 #define GTP_VERSION_MINOR 7
-#define GTP_VERSION_PATCH 0
+#define GTP_VERSION_PATCH 1
 /* What a caller passes to gtp_context_create: the header version it was compiled against. */
 #define GTP_HEADER_VERSION ((uint32_t)(GTP_VERSION_MAJOR * 10000 + GTP_VERSION_MINOR * 100 + GTP_VERSION_PATCH))
 
@@ -170,6 +170,18 @@ gtp_status_t gtp_weight_register(gtp_context_t* ctx, const gtp_weight_desc_t* de
 gtp_status_t gtp_weight_unregister(gtp_context_t* ctx, gtp_weight_t w);
 /* Collective re-pack after the optimizer changed the shards. */
 gtp_status_t gtp_weights_shard_updated(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, cudaStream_t stream);
+/* Since 0.7.1. The FP32 amax an FP8 or NVFP4 weight was last packed with: the largest finite |x| of the
+ * whole weight, reduced over its group by the latest gtp_weights_shard_updated naming it (or its
+ * leader), as libgtp keeps it (device memory on the CUDA backend, host memory on the host backend).
+ * *out gets its address, nothing is copied and nothing waits. On CUDA the value is that update's once
+ * the weight's gather stream has reached it: work ordered after a gtp_materialize(_views) of the
+ * weight on `stream` reads it there (FP8 decode scale 448 / amax, NVFP4 global decode scale amax /
+ * 2688), until the next gtp_weights_shard_updated naming it (which writes it after the work its own
+ * stream holds). The address stays valid until the weight is unregistered, the context destroyed, or another
+ * FP8 or NVFP4 weight is registered in the same group (its amax array may then grow and move): query
+ * it again after registering. INVALID_ARGUMENT for a wire without an amax (BF16, MXFP8); INVALID_STATE
+ * for a stale handle or a weight never packed (no shard_updated yet). */
+gtp_status_t gtp_weight_amax(gtp_context_t* ctx, gtp_weight_t w, const float** out);
 
 /* Writes one pointer per expanded weight (experts after their leader) and their count to *out_count. */
 gtp_status_t gtp_materialize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, gtp_phase_t phase,

@@ -5,7 +5,6 @@ import datetime
 import torch
 
 from .. import context as core
-from . import te_quantized
 
 
 class TorchStore:
@@ -218,7 +217,6 @@ class Context(core.Context):
                 member.sync_storage()
         super().shard_updated([getattr(w, "gtp_weight", w) for w in items],
                               self.stream() if stream is None else stream)
-        te_quantized.note_packed(getattr(w, "user", w) for w in items)  # the amax TE's NVFP4 tensors keep
 
     def attach_optimizer(self, optimizer, microbatches=1):
         """After every optimizer.step(), re-pack this context's shards (collective: every rank steps).

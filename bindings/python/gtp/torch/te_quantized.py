@@ -1,8 +1,7 @@
 """TE's quantized weight tensors built on libgtp's gathered wire codes, so that under a TE FP8 recipe the
 weight TE receives is already quantized (one collective, no BF16 copy, no re-quantization).
 
-Only consulted once transformer_engine.pytorch is imported (gtp.torch never imports TE itself), except
-note_packed, which keeps at every shard_updated the amax a 2D NVFP4 weight's NVFP4Tensor carries.
+Only consulted once transformer_engine.pytorch is imported (gtp.torch never imports TE itself).
 Which recipe goes with which wire (docs/python.md, "TransformerEngine"):
 - no TE quantization active: the BF16 weight;
 - the BF16 wire under a TE recipe: the BF16 weight in forward (TE quantizes it); in backward TE 2.20's
@@ -12,9 +11,9 @@ Which recipe goes with which wire (docs/python.md, "TransformerEngine"):
   refused with the fix;
 - Float8CurrentScaling with the FP8 wire: a Float8Tensor on the codes, their exact transpose and the
   decode scale (libgtp's per-tensor rule is TE's current scaling: scale = 448 / amax);
-- NVFP4BlockScaling with the NVFP4 wire in 16x16 blocks at G = 1: an NVFP4Tensor on the codes, their
-  exact transpose and the tile scales in TE's layout (TE quantizes weights in 16x16 tiles under that
-  recipe); G > 1 is refused (TE's tensor keeps the amax, which the GEMM layout does not carry);
+- NVFP4BlockScaling with the NVFP4 wire in 16x16 blocks: an NVFP4Tensor on the codes, their exact
+  transpose, the tile scales in TE's layout (TE quantizes weights in 16x16 tiles under that recipe) and
+  the group-reduced amax libgtp packed the weight with (gtp_weight_amax), at any G;
 - MXFP8BlockScaling with the MXFP8 wire: an MXFP8Tensor with the row-wise usage only, for the forward
   GEMM; its backward is refused (TE's dgrad takes 32x1 blocks, which the 1x32 wire cannot give);
 - any other recipe with a quantized wire: refused, naming both and what to use instead."""
@@ -126,13 +125,6 @@ def _check_nvfp4(param, recipe, name):
                          f"stochastic_rounding={weight_q.stochastic_rounding}, nvfp4_4over6={recipe.nvfp4_4over6!r} "
                          "for weights; use the recipe's defaults (NVTE_NVFP4_DISABLE_2D_QUANTIZATION and "
                          "NVTE_NVFP4_4OVER6 unset)")
-    if param.geometry.group_size != 1:
-        raise ValueError(f"weight '{name}': TE's NVFP4Tensor carries the weight's global amax (its GEMM takes "
-                         "amax / 2688 as the global decode scale) and libgtp's GEMM layout carries only "
-                         f"1 / (2688 / amax), from which the amax is not recoverable bit for bit; at G = "
-                         f"{param.geometry.group_size} the amax is reduced over the group and this rank cannot "
-                         "read it. Use the BF16 wire under NVFP4BlockScaling (TE quantizes the gathered weight), "
-                         "or G = 1")
     rows, cols = param.full_shape
     if rows % 16 or cols % 16:
         raise ValueError(f"weight '{name}' is {rows} x {cols}: TE's NVFP4 tensors need both dimensions to be "
@@ -220,10 +212,10 @@ def _blocked(view):
 
 
 def nvfp4_tensor(view, member):
-    """TE's NVFP4Tensor over one gathered 2D NVFP4 weight (G = 1): row-wise codes and their exact transpose
+    """TE's NVFP4Tensor over one gathered 2D NVFP4 weight: row-wise codes and their exact transpose
     from the slot; scales in TE's layout (each 16x16 tile's E4M3 scale on its 16 rows, zero-padded to
     128 x 4 multiples), the slot's own with blocked_128x4 scales (TE's GEMM-swizzled order), else
-    copied at every materialize; the amax as TE's quantizer computes it (see shard_amax)."""
+    copied at every materialize; the amax libgtp packed it with (see weight_amax)."""
     import transformer_engine_torch as tex
     from transformer_engine.pytorch.tensor.nvfp4_tensor import NVFP4Quantizer, NVFP4Tensor
     rows, cols = view.rows, view.cols
@@ -238,7 +230,7 @@ def nvfp4_tensor(view, member):
             raise RuntimeError(f"NVFP4 scales of '{member.gtp_weight.name}' are {tuple(got.shape)}, TE's layout "
                                f"{want}: libgtp's blocked_128x4 layout no longer matches TE's")
     quantizer = NVFP4Quantizer(tex.DType.kFloat4E2M1, rowwise=True, columnwise=True, with_2d_quantization=True)
-    amax = shard_amax(member)
+    amax = weight_amax(member)
     return NVFP4Tensor(shape=(rows, cols), dtype=torch.bfloat16, rowwise_data=view.data.tensor[:rows],
                        rowwise_scale_inv=scales, columnwise_data=view.data_t.tensor,
                        columnwise_scale_inv=scales_t, amax_rowwise=amax, amax_columnwise=amax,
@@ -272,7 +264,7 @@ def _refresh(tensor, view, member):
     """Brings what a cached NVFP4 / MXFP8 tensor keeps outside the slot up to this materialize."""
     rows, cols = view.rows, view.cols
     if hasattr(tensor, "_amax_rowwise"):  # NVFP4
-        tensor._amax_rowwise = tensor._amax_columnwise = shard_amax(member)
+        tensor._amax_rowwise = tensor._amax_columnwise = weight_amax(member)
         if not _blocked(view):  # each 16x16 tile's scale on its 16 rows (columns for the transpose)
             tensor._rowwise_scale_inv[:rows, :cols // 16].unflatten(0, (rows // 16, 16)).copy_(
                 view.scales.tensor[:rows // 16].unsqueeze(1).expand(-1, 16, -1))
@@ -282,27 +274,17 @@ def _refresh(tensor, view, member):
         tensor._rowwise_scale_inv[:rows, :cols // 32].copy_(view.scales.tensor[:rows])
 
 
-def note_packed(params):
-    """Called by Context.shard_updated after libgtp re-packed `params` (ShardedParameters, leaders standing
-    for their groups; other objects are skipped): keeps each 2D NVFP4 weight's amax at G = 1 for TE's
-    NVFP4Tensor, read from the shard at the point libgtp packed it (see shard_amax)."""
-    for param in params:
-        for member in getattr(param, "group_members", ()):
-            if member.gtp_weight.wire == "nvfp4" and member.gtp_weight.nvfp4_2d and member.geometry.group_size == 1:
-                member._te_amax = _finite_amax(member)
-
-
-def shard_amax(member):
-    """The global amax libgtp encoded `member`'s NVFP4 wire with, as TE's NVFP4Tensor keeps it (FP32 [1]):
-    at G = 1 the shard is the whole weight, and libgtp's amax is the largest |x| over its finite values
-    (docs/formats.md); taken when the weight was last packed (note_packed), so an update of the shard
-    without shard_updated, which leaves the wire as it was, leaves this amax as it was too."""
+def weight_amax(member):
+    """The amax libgtp packed `member`'s NVFP4 wire with, as TE's NVFP4Tensor keeps it (FP32 [1], TE's GEMM
+    and dequantize take amax / 2688): the largest finite |x| of the whole weight, reduced over the group
+    by the weight's latest shard_updated (docs/formats.md): for a finite weight, TE's own global amax.
+    Copied from libgtp's amax slot (gtp_weight_amax) into a tensor of the parameter's own, on the current
+    stream, after the materialize that orders the slot there; TE's tensors never point into libgtp's
+    array, which a later registration may move. An update of the shard without shard_updated, which
+    leaves the wire as it was, leaves this amax as it was too."""
+    context = member.context
+    slot = context.view_at(context.weight_amax(member.gtp_weight), (1,), torch.float32)
     amax = getattr(member, "_te_amax", None)
-    if amax is None:  # packed before gtp.torch could see it (the core Context's shard_updated)
-        amax = member._te_amax = _finite_amax(member)
-    return amax
-
-
-def _finite_amax(member):
-    with torch.no_grad():
-        return member.detach().abs().nan_to_num(0.0, 0.0, 0.0).amax().float().reshape(1)
+    if amax is None:
+        amax = member._te_amax = torch.empty(1, dtype=torch.float32, device=context.device)
+    return amax.copy_(slot)

@@ -271,6 +271,18 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
 #define GTP_DRAIN_DEFER_HEAD 1u
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream);
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
+/* Main grads declared zero (appended after 0.7.0): the main grads of ws[0 .. n) (a leader stands for its
+ * experts; n = 0 and ws NULL: every weight with a main grad) are zero now, as the caller's optimizer step
+ * left them, zeroed on a stream ordered before the next gtp_grad_buffer(_ex) calls' streams. The first
+ * buffer each weight is handed out afterwards then needs no add: on a size-1 group (with
+ * grads_into_main_grad) it IS the main grad, for any flags, with `overwrite` set unless zero-filled was
+ * asked for (GTP_GRAD_BUFFER_SEPARATE included: write the wgrad straight into it); on a larger group its
+ * reduced rows are copied into the main grad instead of added. Later buffers (microbatches) are as
+ * without the declaration. Host-only, nothing enqueued. INVALID_STATE, nothing declared: a listed weight
+ * has a buffer handed out or a main-grad add pending (declare after gtp_drain), or a CUDA graph capture
+ * is in progress (a buffer handed out under capture drops its weight's declaration). INVALID_ARGUMENT: a
+ * listed weight registered without a main grad, a stale or repeated handle. */
+gtp_status_t gtp_main_grads_zeroed(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n);
 
 /* JSON text with its terminating NUL. *len gets the length without the NUL; when cap <= *len the
  * call fails with GTP_ERROR_INVALID_ARGUMENT, writes nothing to buf and still sets *len. */

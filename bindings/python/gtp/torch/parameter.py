@@ -215,7 +215,8 @@ class ShardedParameter(torch.nn.Parameter):
 
     def deliver_grad(self):
         """Called by the context's drain once libgtp's add into the FP32 target has landed (ordered on
-        the current stream): moves it where the class docstring says."""
+        the current stream): moves it where the class docstring says. Returns whether it zeroed libgtp's
+        target (then declared zero by the drain)."""
         staged = self._gtp_main_grad
         if not self._into_main_grad:
             grad = staged.to(self.dtype, copy=True)
@@ -224,9 +225,12 @@ class ShardedParameter(torch.nn.Parameter):
             else:
                 self.grad.add_(grad)
             staged.zero_()
-        elif self._main_grad_target is not None:
+            return True
+        if self._main_grad_target is not None:
             self._main_grad_target.add_(staged)
             staged.zero_()
+            return True
+        return False
 
     def register_grad_ready_hook(self, hook):
         """hook(param) runs when this shard's gradient has been delivered (the DDP signal): at drain, on

@@ -175,5 +175,48 @@ TEST(GradsZeroed, OnlyTheFirstBufferAfterADeclarationSkipsTheAdd) {
   });
 }
 
+// A test double: the host backend reporting every stream as under CUDA graph capture while `on` (the
+// host backend has no graphs; only the runtime's reaction to a capture is checked here).
+class CaptureReportingHostBackend : public HostBackend {
+ public:
+  using HostBackend::HostBackend;
+  bool capturing(Stream) override { return on; }
+  bool on = false;
+};
+
+// A replay cannot know that the main grad was zeroed again: a buffer handed out under capture drops the
+// declaration and takes the ordinary path (pooled, added at drain).
+TEST(GradsZeroed, ABufferHandedOutUnderCaptureDropsTheDeclaration) {
+  on_ranks(1, [](comm::HostComm& comm) {
+    CaptureReportingHostBackend backend({&comm});
+    Runtime runtime(backend, RuntimeConfig{});
+    std::vector<std::uint16_t> shard(16 * 16, 0x3F80);
+    std::vector<float> grad(16 * 16, 0.0f);
+    WeightDesc desc;
+    desc.name = "w";
+    desc.shard = shard.data();
+    desc.rows = 16;
+    desc.cols = 16;
+    desc.main_grad = grad.data();
+    const WeightId id = runtime.register_weight(desc);
+    runtime.main_grads_zeroed(&id, 1);
+    backend.on = true;
+    const GradBuffer g = runtime.grad_buffer(id, nullptr, GradInit::kUndefinedSeparate);
+    backend.on = false;
+    EXPECT_NE(g.data, grad.data());
+    EXPECT_TRUE(g.overwrite);
+    std::fill(g.data, g.data + 16 * 16, 4.0f);
+    runtime.finalize(&id, 1, true, nullptr);
+    runtime.drain(nullptr);
+    for (float v : grad) ASSERT_EQ(v, 4.0f);
+    EXPECT_EQ(runtime.grads_stats().zeroed_handouts, 0);
+    EXPECT_EQ(runtime.grads_stats().reduce_scatters, 1);
+    // Dropped, not kept for later: the next eager buffer is the ordinary one too.
+    EXPECT_NE(runtime.grad_buffer(id, nullptr, GradInit::kUndefinedSeparate).data, grad.data());
+    runtime.finalize(&id, 1, true, nullptr);
+    runtime.drain(nullptr);
+  });
+}
+
 }  // namespace
 }  // namespace gtp::remat

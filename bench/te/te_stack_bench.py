@@ -5,7 +5,8 @@ without it, in one process, alternating steps: median step time, the ratio, and 
 A step is `microbatches` forward + backward passes through L te.Linear(H, H) layers (BF16 parameters,
 fuse_wgrad_accumulation into FP32 main grads, as Megatron-Core runs TE), then, with libgtp, the re-pack
 an optimizer step triggers (shard_updated). The optimizer's own work, the same on both sides, is left
-out. Modes: "bf16" (no TE quantization, BF16 wire) and "fp8" (TE's Float8CurrentScaling; with libgtp
+out; with --declare-zeroed on the GTP side then declares its zeroed main grads (ctx.main_grads_zeroed()),
+so each step's first wgrads are written straight into them. Modes: "bf16" (no TE quantization, BF16 wire) and "fp8" (TE's Float8CurrentScaling; with libgtp
 the FP8 wire, whose codes TE's FP8 GEMMs take as they are). keep: the profile's keep_gathered.
 Needs a GPU and TE. Usage: te_stack_bench.py --json out.json --commit SHA [--layers 8 --hidden 8192 ...]."""
 import argparse

@@ -369,6 +369,7 @@ TEST(CAbi, NullContextIsAnInvalidArgumentForEveryCall) {
       [&] { return gtp_finalize(nullptr, &w, 1, 1, nullptr); },
       [&] { return gtp_drain(nullptr, nullptr); },
       [&] { return gtp_reset_chains(nullptr); },
+      [&] { return gtp_main_grads_zeroed(nullptr, nullptr, 0); },
       [&] { return gtp_stats_json(nullptr, nullptr, 0, &n); },
       [&] { return gtp_trace_json(nullptr, nullptr, 0, &n); },
   };

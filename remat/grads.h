@@ -58,12 +58,14 @@ struct GradsConfig {
 };
 
 // What a newly handed-out buffer holds in the weight's rows. kUndefined may be the main grad itself
-// (GradsConfig::into_main_grad); kUndefinedSeparate never is, for a consumer that can only write.
+// (GradsConfig::into_main_grad); kUndefinedSeparate is not, for a consumer that can only write, except
+// the first buffer after declare_zeroed (then written: overwrite = true).
 enum class GradInit { kZero, kUndefined, kUndefinedSeparate };
 
 // `overwrite`: the rows hold garbage and the consumer must write (not add) its wgrad; true only for a
-// buffer of libgtp's own just handed out with GradInit::kUndefined or kUndefinedSeparate. A buffer
-// already handed out (the microbatches of accumulate_microbatches), the main grad and every kZero
+// buffer just handed out with GradInit::kUndefined or kUndefinedSeparate: libgtp's own, or a main grad
+// declared zero (declare_zeroed). A buffer
+// already handed out (the microbatches of accumulate_microbatches), an undeclared main grad and every kZero
 // buffer are added into.
 struct GradBuffer {
   float* data = nullptr;

@@ -246,7 +246,8 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
  * (profile groups.<g>.grads_into_main_grad, default true) the uninitialized buffer is the main grad
  * itself with `overwrite` 0: add into it; gtp_finalize then moves nothing. Always honour `overwrite`. */
 #define GTP_GRAD_BUFFER_UNINITIALIZED 1u
-/* Since 0.6. With GTP_GRAD_BUFFER_UNINITIALIZED: never the main grad, a buffer of libgtp's own on a
+/* Since 0.6. With GTP_GRAD_BUFFER_UNINITIALIZED: not the main grad (except the first buffer after
+ * gtp_main_grads_zeroed, written with `overwrite` set), a buffer of libgtp's own on a
  * size-1 group too, for a consumer that can only WRITE its wgrad (TE's grad_buffer protocol); its first
  * handout then has `overwrite` set as on larger groups, and finalize reduces it and adds it into the main
  * grad on the side stream. Larger groups' buffers are always libgtp's own. */

@@ -158,8 +158,9 @@ class ShardedParameter(torch.nn.Parameter):
         microbatch under accumulate_microbatches), overwriting it would lose that microbatch: a scratch
         tensor is handed out instead and finalize_group_grads adds it into the buffer. Asked for as a
         separate buffer, so that on a one-rank group too it is libgtp's own, not the main grad (which a
-        written wgrad could only reach through a scratch and an add on this stream). Repeated calls
-        before finalize return the same tensor."""
+        written wgrad could only reach through a scratch and an add on this stream), except the first
+        after the main grads were declared zero (Context.main_grads_zeroed): then it is libgtp's FP32
+        target itself, written with no add. Repeated calls before finalize return the same tensor."""
         if self._wgrad_target is None:
             buffer, overwrite = self.wgrad_buffer(separate=True)
             self._wgrad_target = buffer if overwrite else torch.empty_like(buffer)

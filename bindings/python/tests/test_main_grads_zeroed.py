@@ -79,6 +79,22 @@ def test_first_grad_buffer_after_a_declaration_is_the_main_grad_and_misuse_is_re
         assert ctx.stats()["grads"]["zeroed_handouts"] == 1
 
 
+def test_accumulated_microbatches_write_the_first_wgrad_into_the_main_grad_and_add_the_rest(tmp_path):
+    with gt.Context(_store(tmp_path, "acc"), 0, 1, accumulate_microbatches=True, auto_drain=False) as ctx:
+        (_, w), = _weights(ctx, 1)
+        w.main_grad.zero_()
+        ctx.main_grads_zeroed([w])
+        for mb, value in enumerate((2.0, 3.0)):
+            buffer = w.grad_buffer()
+            # the main grad, then (held with the first microbatch in it) a scratch that finalize adds
+            assert (buffer.data_ptr() == w.main_grad.data_ptr()) == (mb == 0)
+            buffer.fill_(value)
+            w.finalize_group_grads(last_microbatch=mb == 1)
+        ctx.drain()
+        assert bool((w.main_grad == 5.0).all())
+        assert ctx.stats()["grads"]["zeroed_handouts"] == 1 and ctx.stats()["grads"]["reduce_scatters"] == 0
+
+
 def test_a_caller_main_grad_is_fed_from_a_staging_declared_zero_after_each_delivery(tmp_path):
     """A main_grad the caller assigned (Megatron DDP's bucket view): gtp.torch zeroes its staging at each
     delivery and declares it, so every microbatch but the very first writes the wgrad into the staging

@@ -44,6 +44,7 @@ struct Weight {
   bool grad_out = false;          // grad buffer handed out, not finalized
   bool add_pending = false;       // finalized, not drained
   bool direct = false;            // the grad buffer is the main grad (G = 1, UNINITIALIZED): no add follows
+  bool declared = false;          // main grad zeroed and declared (gtp_main_grads_zeroed), not yet consumed
   bool exact = false;             // BF16 shard on the BF16 wire: materialize returns its bits
   std::vector<uint16_t> shard;    // BF16 or FP32 (two halves) payload
   std::vector<float> main_grad;   // empty: no main grad
@@ -100,7 +101,7 @@ class Program {
   static constexpr size_t kMaxWeights = 8;
 
   void step() {
-    switch (in_->below(12)) {
+    switch (in_->below(13)) {
       case 0: register_weight(); break;
       case 1: unregister(); break;
       case 2: shard_updated(); break;
@@ -112,6 +113,7 @@ class Program {
       case 8: drain(); break;
       case 9: call("gtp_reset_chains", gtp_reset_chains(ctx_), GTP_SUCCESS); break;
       case 10: stats(); break;
+      case 11: main_grads_zeroed(); break;
       default: end(); break;
     }
   }
@@ -199,7 +201,10 @@ class Program {
     const gtp_status_t got = gtp_weight_unregister(ctx_, w.handle);
     const bool busy = w.uses > 0 || w.grad_out || w.add_pending;
     call("gtp_weight_unregister", got, !w.registered || busy ? GTP_ERROR_INVALID_STATE : GTP_SUCCESS);
-    if (got == GTP_SUCCESS) w.registered = false;
+    if (got == GTP_SUCCESS) {
+      w.registered = false;
+      w.declared = false;
+    }
   }
 
   void shard_updated() {
@@ -350,8 +355,45 @@ class Program {
     }
     for (int64_t i = 0; i < w.rows * w.cols; ++i) out.data[i] = out.overwrite ? 1.0f : out.data[i] + 1.0f;
     // On one rank an uninitialized buffer is the main grad itself (docs/c-abi.md, gtp_grad_buffer_ex).
-    if (!w.grad_out) w.direct = flags == GTP_GRAD_BUFFER_UNINITIALIZED;
+    // After gtp_main_grads_zeroed the first buffer is the main grad whatever the flags.
+    if (!w.grad_out) w.direct = w.declared || flags == GTP_GRAD_BUFFER_UNINITIALIZED;
+    w.declared = false;
     w.grad_out = true;
+  }
+
+  // gtp_main_grads_zeroed over a weight list or (n = 0) every weight with a main grad, after zeroing
+  // those main grads as a caller does (only when none is busy: libgtp may still write a busy one).
+  void main_grads_zeroed() {
+    const bool all = in_->below(4) == 0;
+    bool forged = false;
+    const std::vector<size_t> picks = all ? std::vector<size_t>{} : pick(&forged);
+    if (!all && picks.empty()) return;
+    std::vector<size_t> listed = picks;
+    if (all) {
+      for (size_t i = 0; i < weights_.size(); ++i)
+        if (weights_[i].registered && !weights_[i].main_grad.empty()) listed.push_back(i);
+    }
+    bool busy = false, no_grad = false;
+    for (size_t i : listed) {
+      const Weight& w = weights_[i];
+      if (!w.registered) continue;
+      busy |= w.grad_out || w.add_pending;
+      no_grad |= w.main_grad.empty() && w.rows > 0;
+    }
+    if (!busy && !aborted_) {
+      for (size_t i : listed) std::fill(weights_[i].main_grad.begin(), weights_[i].main_grad.end(), 0.0f);
+    }
+    const std::vector<gtp_weight_t> ws = handles(picks, forged);
+    const gtp_status_t got = gtp_main_grads_zeroed(ctx_, all ? nullptr : ws.data(), all ? 0 : ws.size());
+    const std::string name = "gtp_main_grads_zeroed(n=" + std::to_string(all ? 0 : ws.size()) + ")";
+    if (aborted_) return call(name, got, GTP_ERROR_INVALID_STATE);
+    const bool stale = !all && any_stale(picks, forged), twice = !all && repeats(picks);
+    if (stale && twice) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (stale) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
+    if (twice || no_grad) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
+    if (busy) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
+    expect(name, got, GTP_SUCCESS, ctx_);
+    for (size_t i : listed) weights_[i].declared = !weights_[i].main_grad.empty();
   }
 
   void finalize() {

@@ -32,6 +32,11 @@ namespace {
 }
 }  // namespace
 
+void Backend::copy(Stream stream, const float* src, float* dst, std::int64_t count) {
+  fill(stream, dst, 0, count * static_cast<std::int64_t>(sizeof(float)));
+  add(stream, src, dst, count);
+}
+
 void Backend::begin_graph(Stream) { no_graphs(*this); }
 Backend::Graph Backend::end_graph(Stream) { no_graphs(*this); }
 void Backend::abort_graph(Stream) noexcept {}

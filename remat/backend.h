@@ -94,6 +94,9 @@ class Backend {
   // dst[i] += src[i] in FP32.
   virtual void add(Stream stream, const float* src, float* dst, std::int64_t count) = 0;
   virtual void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) = 0;
+  // dst[i] = src[i] in FP32 (non-overlapping). The default fills dst with zeros and adds: correct on
+  // any backend; the host and CUDA backends copy in one pass.
+  virtual void copy(Stream stream, const float* src, float* dst, std::int64_t count);
   // Runs `callback` on the host once all work enqueued on `stream` so far has completed.
   virtual void host_callback(Stream stream, std::function<void()> callback) = 0;
   // Collective over `group`, first in a fill's collective batch (so it lines up across ranks exactly

@@ -320,6 +320,12 @@ void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t 
   launch("add_fp32_cuda", [&] { add_fp32_cuda(src, dst, count, on(stream)); });
 }
 
+void CudaBackend::copy(Stream stream, const float* src, float* dst, std::int64_t count) {
+  check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(count) * sizeof(float), cudaMemcpyDeviceToDevice,
+                        on(stream)),
+        "cudaMemcpyAsync");
+}
+
 void CudaBackend::fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) {
   check(cudaMemsetAsync(dst, byte, static_cast<std::size_t>(bytes), on(stream)), "cudaMemsetAsync");
 }

@@ -89,6 +89,7 @@ class CudaBackend : public Backend {
   void all_reduce_max(Stream stream, int group, float* data, std::int64_t count) override;
   void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream stream, const float* src, float* dst, std::int64_t count) override;
+  void copy(Stream stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) override;
   // The callback runs on a CUDA host-function thread and must not call CUDA. Captured into a graph,
   // it runs on every replay; the backend keeps it until destruction.

@@ -1,6 +1,7 @@
 // The runtime on the CUDA backend with a size-1 NCCL group, end to end: register, re-pack,
 // materialize (bit-identical to the shard), gradients into the main grad (also an undefined grad buffer
-// over poisoned memory: padding rows zeroed, rows written by the consumer; on this size-1 group, by
+// over poisoned memory: padding rows zeroed, rows written by the consumer; main grads declared zero,
+// written or copied; on this size-1 group, by
 // default, the main grad itself as the buffer); the GEMM-ready layout of
 // every wire format (unpack_gemm_cuda) and a key of many quantized weights (one unpack_many per wire)
 // against the CPU reference; the side streams per role and the communicator per role; batched
@@ -329,6 +330,43 @@ TEST(CudaBackend, UndefinedGradBufferOfASizeOneGroupIsTheMainGrad) {
   EXPECT_EQ(runtime.grads_stats().reduce_scatters, 0);
   EXPECT_EQ(runtime.grads_stats().pool_buffers, 0);
   for (float g : weight.main_grad_on_host()) ASSERT_EQ(g, 3.5f);
+}
+
+// Main grads declared zero on CUDA, size-1 group: the first separate buffer is the main grad (written),
+// or, with grads_into_main_grad off, a pooled buffer whose rows are copied (CudaBackend::copy); the
+// second microbatch adds as before.
+TEST(CudaBackend, MainGradsDeclaredZeroAreWrittenOrCopiedNotAdded) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (bool into : {true, false}) {
+    SCOPED_TRACE(into ? "into the main grad" : "copied");
+    SizeOneGroup group;
+    PoisoningCudaBackend backend(0, group.groups(), milliseconds(30000));
+    RuntimeConfig config;
+    config.grads_into_main_grad = into;
+    Runtime runtime(backend, config);
+    const std::int64_t count = DeviceWeight::kRows * DeviceWeight::kCols;
+    const DeviceWeight weight(std::vector<std::uint16_t>(count, 0x3F80), 9.0f);
+    const DeviceWeight wgrad(std::vector<std::uint16_t>(count), 1.5f);
+    const cudaStream_t stream = weight.stream;
+    const WeightId id = weight.register_in(runtime);
+    runtime.shard_updated(&id, 1, stream);
+    ASSERT_EQ(cudaMemsetAsync(weight.main_grad, 0, count * sizeof(float), stream), cudaSuccess);
+    runtime.main_grads_zeroed(&id, 1);
+    for (int mb = 0; mb < 2; ++mb) {
+      const GradBuffer grad = runtime.grad_buffer(id, stream, GradInit::kUndefinedSeparate);
+      EXPECT_EQ(grad.data == weight.main_grad, into && mb == 0) << "mb " << mb;
+      EXPECT_TRUE(grad.overwrite) << "mb " << mb;
+      ASSERT_EQ(cudaMemcpyAsync(grad.data, wgrad.main_grad, count * sizeof(float), cudaMemcpyDeviceToDevice, stream),
+                cudaSuccess);  // the consumer's write (beta = 0)
+      runtime.finalize(&id, 1, true, stream);
+    }
+    runtime.drain(stream);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    for (float g : weight.main_grad_on_host()) ASSERT_EQ(g, 3.0f);
+    EXPECT_EQ(runtime.grads_stats().zeroed_handouts, into ? 1 : 0);
+    EXPECT_EQ(runtime.grads_stats().zeroed_copies, into ? 0 : 1);
+  }
 }
 
 TEST(CudaBackend, GemmLayoutOfEveryWireFormatMatchesTheCpuReference) {

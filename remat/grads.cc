@@ -41,6 +41,7 @@ Grads::Pooled Grads::take(std::int64_t bytes, Stream stream) {
 }
 
 void Grads::give_back(Pooled buffer, Stream stream) {
+  buffer.copy = false;
   buffer.ready = backend_.record(stream);
   pool_.emplace(buffer.bytes, buffer);
 }
@@ -60,6 +61,24 @@ bool Grads::into_main_grad(const Weight& weight) const {
   return enabled && backend_.group_size(group) == 1 && weight.valid_rows == weight.desc.rows;
 }
 
+void Grads::declare_zeroed(const std::vector<WeightId>& ids) {
+  for (WeightId id : ids) {  // everything checked first: a refusal declares nothing
+    const Weight& weight = registry_.get(id);
+    if (weight.desc.main_grad == nullptr && weight.valid_rows > 0) {
+      throw std::invalid_argument("main_grads_zeroed: weight '" + weight.desc.name +
+                                  "' was registered without a main grad; declare only weights that have one");
+    }
+    if (busy(id)) {
+      throw std::invalid_argument("main_grads_zeroed: weight '" + weight.desc.name +
+                                  "' has a grad buffer handed out or a main-grad add pending (declared before "
+                                  "drain); drain first, then zero its main grad and declare it");
+    }
+  }
+  for (WeightId id : ids) {
+    if (registry_.get(id).valid_rows > 0) zeroed_.insert(id);
+  }
+}
+
 GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   const Weight& weight = registry_.get(id);
   if (weight.desc.main_grad == nullptr && weight.valid_rows > 0) {
@@ -69,6 +88,15 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   const auto held = handed_out_.find(id);
   if (held != handed_out_.end()) return GradBuffer{held->second.ptr, false};
   const Stream rs = rs_stream(id);
+  const bool declared = zeroed_.erase(id) != 0;  // consumed by this first buffer
+  if (declared && into_main_grad(weight)) {
+    // Not busy (the declaration was refused otherwise, and only a buffer makes a weight busy); `rs`
+    // may still run an earlier step's add or callback for it.
+    backend_.order(stream, rs);
+    handed_out_[id] = Pooled{weight.desc.main_grad, 0, 0, true};
+    ++stats_.zeroed_handouts;
+    return GradBuffer{weight.desc.main_grad, init != GradInit::kZero};
+  }
   if (init == GradInit::kUndefined && into_main_grad(weight)) {
     // An add of an earlier buffer into this main grad may still be pending or running on `rs` (a size-1
     // group: its stream holds adds and callbacks, no reduce-scatter to queue behind).
@@ -90,6 +118,7 @@ GradBuffer Grads::buffer(WeightId id, Stream stream, GradInit init) {
   if (first_filled < weight.geometry.padded_rows) {
     backend_.fill(stream, buffer.ptr + first_filled * weight.desc.cols, 0, bytes - first_filled * row_bytes);
   }
+  buffer.copy = declared;
   handed_out_[id] = buffer;
   return GradBuffer{buffer.ptr, !zeroed};
 }
@@ -110,7 +139,11 @@ void Grads::apply_pending() {
   for (Pending& pending : pending_) {
     const Weight& weight = registry_.get(pending.id);
     const Stream rs = rs_stream(pending.id);  // where the buffer was reduced
-    if (weight.valid_rows > 0) {
+    if (weight.valid_rows > 0 && pending.reduced.copy) {
+      backend_.copy(rs, shard_of(weight, pending.reduced.ptr), weight.desc.main_grad,
+                    weight.valid_rows * weight.desc.cols);
+      ++stats_.zeroed_copies;
+    } else if (weight.valid_rows > 0) {
       backend_.add(rs, shard_of(weight, pending.reduced.ptr), weight.desc.main_grad,
                    weight.valid_rows * weight.desc.cols);
     }

@@ -23,11 +23,26 @@
 // consumer adds its wgrad straight into it, as training without GTP does, and finalize reduces nothing
 // and adds nothing; only the grad-ready callback runs. This removes a full-size FP32 buffer's
 // reduce-scatter and add (three passes over it) per weight and step.
+//
+// Main grads declared zero (declare_zeroed): the caller says the main grads of these weights are zero
+// now (it zeroed them after its optimizer step, ordered before its next grad_buffer's stream). The
+// first buffer handed out afterwards for each such weight then needs no add:
+// - where the main grad can be the buffer (the into_main_grad conditions), it IS the main grad, for
+//   every GradInit (kUndefinedSeparate too): overwrite = true for the kUndefined kinds (the consumer
+//   writes, as a consumer that can only write, TE's DistributedWeight, needs), false for kZero (adding
+//   into zeros); finalize adds nothing.
+// - otherwise (a larger group, padding rows, into_main_grad off) its reduced rows are COPIED into the
+//   main grad instead of added (two passes over the rows instead of three).
+// The declaration is consumed by that first buffer; later buffers (microbatches) add as before. It is
+// refused for a weight with a buffer handed out or an add pending (declare after drain). A buffer
+// handed out under CUDA graph capture drops the declaration (a replay cannot know that the main grad
+// is zero again) and takes the ordinary path.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "remat/registry.h"
@@ -43,12 +58,14 @@ struct GradsConfig {
 };
 
 // What a newly handed-out buffer holds in the weight's rows. kUndefined may be the main grad itself
-// (GradsConfig::into_main_grad); kUndefinedSeparate never is, for a consumer that can only write.
+// (GradsConfig::into_main_grad); kUndefinedSeparate is not, for a consumer that can only write, except
+// the first buffer after declare_zeroed (then written: overwrite = true).
 enum class GradInit { kZero, kUndefined, kUndefinedSeparate };
 
 // `overwrite`: the rows hold garbage and the consumer must write (not add) its wgrad; true only for a
-// buffer of libgtp's own just handed out with GradInit::kUndefined or kUndefinedSeparate. A buffer
-// already handed out (the microbatches of accumulate_microbatches), the main grad and every kZero
+// buffer just handed out with GradInit::kUndefined or kUndefinedSeparate: libgtp's own, or a main grad
+// declared zero (declare_zeroed). A buffer
+// already handed out (the microbatches of accumulate_microbatches), an undeclared main grad and every kZero
 // buffer are added into.
 struct GradBuffer {
   float* data = nullptr;
@@ -60,6 +77,8 @@ struct GradsStats {
   std::int64_t grads_ready = 0;
   std::int64_t pool_buffers = 0;
   std::int64_t into_main_grad = 0;  // finalized grads that were added straight into the main grad
+  std::int64_t zeroed_handouts = 0;  // main grads declared zero handed out as the buffer (no add at all)
+  std::int64_t zeroed_copies = 0;    // reduced rows copied into a main grad declared zero (not added)
 };
 
 class Grads {
@@ -78,6 +97,12 @@ class Grads {
   void drain(Stream stream);
   // True while `id` has a buffer handed out or a reduction pending (unregister must wait for drain).
   bool busy(WeightId id) const;
+  // The main grads of `ids` are zero (see the top). Throws std::invalid_argument, declaring nothing, for
+  // a weight without a main grad or one that is busy. Weights without rows on this rank are skipped.
+  void declare_zeroed(const std::vector<WeightId>& ids);
+  // Drops a declaration not yet consumed (unregister, a buffer handed out under graph capture).
+  void drop_declaration(WeightId id) { zeroed_.erase(id); }
+  bool declared_zero(WeightId id) const { return zeroed_.count(id) != 0; }
 
   const GradsStats& stats() const { return stats_; }
 
@@ -87,6 +112,7 @@ class Grads {
     std::int64_t bytes = 0;
     Event ready = 0;  // after its last use: its reduce-scatter and main-grad add, on that group's stream
     bool main_grad = false;  // the weight's main grad handed out as its buffer: not pooled, not owned
+    bool copy = false;       // the main grad was declared zero: the reduced rows are copied, not added
   };
   struct Pending {
     WeightId id = kNoWeight;
@@ -107,6 +133,7 @@ class Grads {
   std::multimap<std::int64_t, Pooled> pool_;  // free buffers by size
   std::map<WeightId, Pooled> handed_out_;
   std::vector<Pending> pending_;
+  std::set<WeightId> zeroed_;  // main grads declared zero, until their next buffer
   GradsStats stats_;
 };
 

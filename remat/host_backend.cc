@@ -80,6 +80,10 @@ void HostBackend::add(Stream, const float* src, float* dst, std::int64_t count) 
   });
 }
 
+void HostBackend::copy(Stream, const float* src, float* dst, std::int64_t count) {
+  run([=] { std::memcpy(dst, src, static_cast<std::size_t>(count) * sizeof(float)); });
+}
+
 void HostBackend::fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) {
   run([=] { std::memset(dst, byte, static_cast<std::size_t>(bytes)); });
 }

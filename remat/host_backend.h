@@ -40,6 +40,7 @@ class HostBackend : public Backend {
   void all_reduce_max(Stream, int group, float* data, std::int64_t count) override;
   void reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream, const float* src, float* dst, std::int64_t count) override;
+  void copy(Stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
   void host_callback(Stream, std::function<void()> callback) override;
   // One all_gather of the tags, then `*check` on them, before the fill's own gathers.

@@ -29,6 +29,14 @@ bool Registry::contains(WeightId id) const {
   return id >= 0 && id < static_cast<WeightId>(weights_.size()) && live_[id];
 }
 
+std::vector<WeightId> Registry::ids() const {
+  std::vector<WeightId> out;
+  for (WeightId id = 0; id < static_cast<WeightId>(weights_.size()); ++id) {
+    if (live_[id]) out.push_back(id);
+  }
+  return out;
+}
+
 WeightId Registry::find_tag(std::uint64_t tag) const {
   for (std::size_t id = 0; id < weights_.size(); ++id) {
     if (live_[id] && weights_[id].tag == tag) return static_cast<WeightId>(id);

@@ -94,6 +94,8 @@ class Registry {
   // Throws std::invalid_argument for an id that is not registered.
   const Weight& get(WeightId id) const;
   bool contains(WeightId id) const;
+  // Every registered weight, in id order.
+  std::vector<WeightId> ids() const;
   // The registered weight whose Weight::tag is `tag`, or kNoWeight (messages only: a linear search).
   WeightId find_tag(std::uint64_t tag) const;
 

@@ -164,6 +164,7 @@ void Runtime::unregister_weight(WeightId id) {
     throw std::invalid_argument("unregister: weight '" + w.desc.name +
                                 "' has a grad buffer or a pending reduction; finalize and drain first");
   }
+  grads_.drop_declaration(id);
   registry_.remove(id);
   for (const std::unique_ptr<Cache>& cache : caches_) {
     for (int i = 0; i < cache->size(); ++i) {

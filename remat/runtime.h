@@ -148,6 +148,9 @@ class Runtime {
   // Grads::buffer: with GradInit::kUndefined the consumer writes its first wgrad when `overwrite`.
   GradBuffer grad_buffer(WeightId id, Stream stream, GradInit init = GradInit::kZero);
   void finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream);
+  // Grads::declare_zeroed for `ids` (leaders with their experts); n = 0: every weight with a main grad.
+  // A grad_buffer under CUDA graph capture drops the weight's declaration (docs/remat.md, Grads).
+  void main_grads_zeroed(const WeightId* ids, std::int64_t n);
   // End-of-backward fence: pending main-grad adds are applied, `stream` is ordered after everything,
   // and every chain ends its step (the first drain closes recording). Under CUDA graph capture the
   // next step's head prefetch is joined into `stream` too, and the step must end with the cache state

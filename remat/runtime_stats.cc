@@ -91,7 +91,8 @@ std::string Runtime::stats_json() const {
   j["groups"] = groups;
   j["grads"] = {{"reduce_scatters", g.reduce_scatters}, {"into_main_grad", g.into_main_grad},
                 {"grads_ready", g.grads_ready},
-                {"pool_buffers", g.pool_buffers}};
+                {"pool_buffers", g.pool_buffers}, {"zeroed_handouts", g.zeroed_handouts},
+                {"zeroed_copies", g.zeroed_copies}};
   j["memory"] = {{"allocations", m.allocations}, {"bytes_in_use", m.bytes_in_use}, {"peak_bytes", m.peak_bytes}};
   j["trace"] = {{"spans", config_.trace_spans}, {"dropped", trace_.dropped()}};
   nlohmann::json weights = nlohmann::json::array();

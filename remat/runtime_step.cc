@@ -15,7 +15,21 @@ namespace gtp::remat {
 GradBuffer Runtime::grad_buffer(WeightId id, Stream stream, GradInit init) {
   const Backend::CallScope scope(backend_);
   join_capture(stream);
+  // A captured step replays its handout without asking: it must not rely on a zero of this step.
+  if (capture_in_progress(stream)) grads_.drop_declaration(id);
   return grads_.buffer(id, stream, init);
+}
+
+void Runtime::main_grads_zeroed(const WeightId* ids, std::int64_t n) {
+  std::vector<WeightId> list;
+  if (n == 0) {
+    for (WeightId id : registry_.ids()) {
+      if (registry_.get(id).desc.main_grad != nullptr) list.push_back(id);
+    }
+  } else {
+    list = registry_.expand(ids, n);
+  }
+  grads_.declare_zeroed(list);
 }
 
 void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch, Stream stream) {

@@ -53,6 +53,23 @@ gtp_status_t gtp_finalize(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n, 
   }, InvalidArgumentIs::kState);
 }
 
+gtp_status_t gtp_main_grads_zeroed(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n) {
+  std::vector<WeightId> ids;
+  const gtp_status_t status = on_context(ctx, "gtp_main_grads_zeroed", [&] {
+    ids = ids_of(*ctx, ws, n);
+    for (WeightId id : ids) {
+      const gtp::remat::Weight& weight = ctx->runtime->registry().get(id);
+      require(weight.desc.main_grad != nullptr || weight.valid_rows == 0,
+              "weight '" + weight.desc.name + "' was registered without a main grad; list only weights that have one");
+    }
+  });
+  if (status != GTP_SUCCESS) return status;
+  return on_context(ctx, "gtp_main_grads_zeroed", [&] {
+    refuse_under_capture(*ctx, "gtp_main_grads_zeroed");
+    ctx->runtime->main_grads_zeroed(ids.data(), static_cast<std::int64_t>(ids.size()));
+  }, InvalidArgumentIs::kState);
+}
+
 gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
   return on_context(ctx, "gtp_drain",
                     [&] { issuing(*ctx, "gtp_drain", stream, [&] { ctx->runtime->drain(stream); }); });

@@ -175,6 +175,55 @@ TEST(CAbi, OneRankGroupHandsOutTheMainGradAsTheUninitializedGradBuffer) {
   }
 }
 
+// gtp_main_grads_zeroed on one rank: the first GTP_GRAD_BUFFER_SEPARATE buffer after it is the main grad to
+// write (no reduce-scatter, no add), the next microbatch's is separate again; misuse refused by status.
+TEST(CAbi, MainGradsDeclaredZeroAreTheFirstBufferToWrite) {
+  on_ranks(1, [&](int, const gtp_bootstrap_callbacks_t& callbacks) {
+    const std::string profile = profile_json(1, 1);
+    gtp_context_t* ctx = create(callbacks, profile.c_str(), 64);
+    ASSERT_NE(ctx, nullptr);
+    std::vector<uint16_t> shard(kRows * kCols, 0x3F80);
+    std::vector<float> main_grad(kRows * kCols, 7.0f);
+    gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
+    desc.name = "fc1";
+    desc.shard = shard.data();
+    desc.rows = kRows;
+    desc.cols = kCols;
+    desc.main_grad = main_grad.data();
+    gtp_weight_t w{}, no_grad{};
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &w), GTP_SUCCESS) << gtp_last_error(ctx);
+    desc.name = "fc2";
+    desc.main_grad = nullptr;
+    ASSERT_EQ(gtp_weight_register(ctx, &desc, &no_grad), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_main_grads_zeroed(ctx, &no_grad, 1), GTP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(gtp_last_error(ctx)).find("'fc2' was registered without a main grad"), std::string::npos)
+        << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_main_grads_zeroed(ctx, nullptr, 2), GTP_ERROR_INVALID_ARGUMENT);
+    std::fill(main_grad.begin(), main_grad.end(), 0.0f);
+    ASSERT_EQ(gtp_main_grads_zeroed(ctx, nullptr, 0), GTP_SUCCESS) << gtp_last_error(ctx);
+    const uint32_t flags = GTP_GRAD_BUFFER_UNINITIALIZED | GTP_GRAD_BUFFER_SEPARATE;
+    for (int microbatch = 0; microbatch < 2; ++microbatch) {
+      gtp_grad_buffer_t buffer = GTP_GRAD_BUFFER_INITIALIZER;
+      ASSERT_EQ(gtp_grad_buffer_ex(ctx, w, flags, &buffer, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      EXPECT_EQ(buffer.data == main_grad.data(), microbatch == 0);
+      EXPECT_EQ(buffer.overwrite, 1);
+      if (microbatch == 0) {
+        EXPECT_EQ(gtp_main_grads_zeroed(ctx, &w, 1), GTP_ERROR_INVALID_STATE);
+        EXPECT_NE(std::string(gtp_last_error(ctx)).find("drain first"), std::string::npos) << gtp_last_error(ctx);
+      }
+      for (int64_t i = 0; i < kRows * kCols; ++i) buffer.data[i] = static_cast<float>(i % 13) + microbatch;
+      ASSERT_EQ(gtp_finalize(ctx, &w, 1, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    EXPECT_EQ(gtp_main_grads_zeroed(ctx, &w, 1), GTP_ERROR_INVALID_STATE);  // microbatch 1's add is pending
+    ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    for (int64_t i = 0; i < kRows * kCols; ++i) ASSERT_EQ(main_grad[i], 2.0f * static_cast<float>(i % 13) + 1.0f) << i;
+    const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
+    EXPECT_EQ(stats.at("grads").at("zeroed_handouts").get<int>(), 1) << stats;
+    EXPECT_EQ(stats.at("grads").at("reduce_scatters").get<int>(), 1) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
 TEST(CAbi, ExpertGroupMaterializesEveryExpertAfterItsLeader) {
   on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
     gtp_context_t* ctx = create(callbacks);  // no profile: G = EG = 2
@@ -320,6 +369,7 @@ TEST(CAbi, NullContextIsAnInvalidArgumentForEveryCall) {
       [&] { return gtp_finalize(nullptr, &w, 1, 1, nullptr); },
       [&] { return gtp_drain(nullptr, nullptr); },
       [&] { return gtp_reset_chains(nullptr); },
+      [&] { return gtp_main_grads_zeroed(nullptr, nullptr, 0); },
       [&] { return gtp_stats_json(nullptr, nullptr, 0, &n); },
       [&] { return gtp_trace_json(nullptr, nullptr, 0, &n); },
   };

@@ -108,6 +108,8 @@ struct TrainReport {
   CacheStats cache;
   std::int64_t largest_group_bytes = 0;  // the largest single materialize call's slot bytes
   GroupStats group;                      // of group 0, the only one
+  std::vector<std::vector<float>> main_grads;  // this rank's, after the last step
+  GradsStats grads;
 };
 
 struct TrainOptions {
@@ -116,6 +118,7 @@ struct TrainOptions {
   RuntimeConfig config;
   GradInit grad_init = GradInit::kZero;
   bool poison_memory = false;  // PoisoningHostBackend: what the runtime did not write reads as NaN
+  bool declare_zeroed = false;  // main_grads_zeroed (every weight) after zeroing them each step
 };
 
 // A HostBackend whose fresh allocations and reduced (hence released) gradient buffers are refilled
@@ -135,6 +138,10 @@ class PoisoningHostBackend : public HostBackend {
   }
   void add(Stream stream, const float* src, float* dst, std::int64_t count) override {
     HostBackend::add(stream, src, dst, count);
+    fill(stream, const_cast<float*>(src), kPoison, count * static_cast<std::int64_t>(sizeof(float)));
+  }
+  void copy(Stream stream, const float* src, float* dst, std::int64_t count) override {
+    HostBackend::copy(stream, src, dst, count);
     fill(stream, const_cast<float*>(src), kPoison, count * static_cast<std::int64_t>(sizeof(float)));
   }
 
@@ -187,6 +194,7 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
       std::copy(full.begin() + first, full.begin() + first + valid, shards[l].begin());
       std::fill(main_grads[l].begin(), main_grads[l].end(), 0.0f);
     }
+    if (options.declare_zeroed) runtime.main_grads_zeroed(nullptr, 0);
     runtime.shard_updated(ids.data(), layers, nullptr);
     for (int mb = 0; mb < options.microbatches; ++mb) {
       std::vector<std::vector<float>> xs = {input(step, comm.rank(), mb)};
@@ -203,10 +211,21 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
         const auto full = full_weight(l, step);
         ASSERT_EQ(std::memcmp(out[0], full.data(), full.size() * 2), 0) << "backward layer " << l << " step " << step;
         const GradBuffer g = runtime.grad_buffer(ids[l], nullptr, options.grad_init);
-        // Overwrite exactly when kUndefined hands out a buffer (not one held across microbatches).
+        // Overwrite exactly when a kUndefined kind hands out a buffer (not one held across microbatches),
+        // unless it is the main grad holding earlier microbatches (kUndefined on one rank). A main grad
+        // declared zero is the first buffer itself on one rank (written, or added into for kZero).
         const bool fresh = mb == 0 || !options.config.grads.accumulate_microbatches;
-        ASSERT_EQ(g.overwrite, options.grad_init == GradInit::kUndefined && fresh) << "layer " << l << " mb " << mb;
-        const std::int64_t padded_rows = runtime.registry().get(ids[l]).geometry.padded_rows;
+        const bool one_rank = comm.size() == 1 && options.config.grads_into_main_grad;
+        const bool declared_first = options.declare_zeroed && mb == 0 && one_rank;
+        const bool adds_into_main = one_rank && options.grad_init == GradInit::kUndefined && !declared_first;
+        ASSERT_EQ(g.overwrite, options.grad_init != GradInit::kZero && fresh && !adds_into_main)
+            << "layer " << l << " mb " << mb;
+        if (declared_first) {
+          ASSERT_EQ(g.data, main_grads[l].data()) << "layer " << l;
+        }
+        // The main grad has no padding rows (the buffer is the main grad on one rank, whatever the padding).
+        const std::int64_t padded_rows =
+            g.data == main_grads[l].data() ? shapes[l].rows : runtime.registry().get(ids[l]).geometry.padded_rows;
         for (std::int64_t i = shapes[l].rows * shapes[l].cols; i < padded_rows * shapes[l].cols; ++i) {
           ASSERT_EQ(g.data[i], 0.0f) << "padding element " << i << " of layer " << l << " mb " << mb;
         }
@@ -241,7 +260,8 @@ inline void train_and_check(comm::HostComm& comm, const TrainOptions& options, T
   }
   EXPECT_EQ(stats.chain_mismatches, 0) << stats.last_mismatch;
   EXPECT_EQ(runtime.grads_stats().grads_ready, options.steps * layers * (options.config.grads.accumulate_microbatches ? 1 : options.microbatches));
-  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest, runtime.group_stats(0)};
+  if (report != nullptr) *report = TrainReport{stats, runtime.cache_stats(), largest, runtime.group_stats(0), main_grads,
+                                  runtime.grads_stats()};
 }
 
 // The G chunks a single process packs from the full FP32 weight with the weight-wide amax: what the

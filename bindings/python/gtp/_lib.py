@@ -194,6 +194,7 @@ def _declare(lib):
         "gtp_drain": (c_status, [vp, vp]),
         "gtp_drain_ex": (c_status, [vp, ctypes.c_uint32, vp]),
         "gtp_reset_chains": (c_status, [vp]),
+        "gtp_main_grads_zeroed": (c_status, [vp, P(w), sz]),
         "gtp_stats_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),
         "gtp_trace_json": (c_status, [vp, ctypes.c_char_p, sz, P(sz)]),
     }

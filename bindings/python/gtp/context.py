@@ -578,6 +578,19 @@ class Context:
     def reset_chains(self):
         self._call("gtp_reset_chains")
 
+    def main_grads_zeroed(self, weights=None):
+        """gtp_main_grads_zeroed: the main grads of `weights` (None: every weight with one) are zero now,
+        zeroed on a stream ordered before the next grad_buffer calls'. Each weight's first grad buffer
+        afterwards skips the main-grad add (on one rank it is the main grad, to write; at G > 1 its rows
+        are copied). Call after drain, never under CUDA graph capture (docs/python.md)."""
+        if weights is None:
+            self._call("gtp_main_grads_zeroed", None, 0)
+            return
+        weights = list(weights)
+        if weights:  # an empty list declares nothing (n = 0 would mean every weight)
+            handles, n = self._handles(weights)
+            self._call("gtp_main_grads_zeroed", handles, n)
+
 
 def host_array(address, shape, dtype):
     """A numpy view of host memory at `address` (no copy; the memory's owner decides its lifetime)."""

@@ -258,7 +258,8 @@ gtp_status_t gtp_grad_buffer(gtp_context_t* ctx, gtp_weight_t w, float** out, cu
  * (profile groups.<g>.grads_into_main_grad, default true) the uninitialized buffer is the main grad
  * itself with `overwrite` 0: add into it; gtp_finalize then moves nothing. Always honour `overwrite`. */
 #define GTP_GRAD_BUFFER_UNINITIALIZED 1u
-/* Since 0.6. With GTP_GRAD_BUFFER_UNINITIALIZED: never the main grad, a buffer of libgtp's own on a
+/* Since 0.6. With GTP_GRAD_BUFFER_UNINITIALIZED: not the main grad (except the first buffer after
+ * gtp_main_grads_zeroed, written with `overwrite` set), a buffer of libgtp's own on a
  * size-1 group too, for a consumer that can only WRITE its wgrad (TE's grad_buffer protocol); its first
  * handout then has `overwrite` set as on larger groups, and finalize reduces it and adds it into the main
  * grad on the side stream. Larger groups' buffers are always libgtp's own. */
@@ -283,6 +284,18 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
 #define GTP_DRAIN_DEFER_HEAD 1u
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream);
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
+/* Main grads declared zero (appended after 0.7.0): the main grads of ws[0 .. n) (a leader stands for its
+ * experts; n = 0 and ws NULL: every weight with a main grad) are zero now, as the caller's optimizer step
+ * left them, zeroed on a stream ordered before the next gtp_grad_buffer(_ex) calls' streams. The first
+ * buffer each weight is handed out afterwards then needs no add: on a size-1 group (with
+ * grads_into_main_grad) it IS the main grad, for any flags, with `overwrite` set unless zero-filled was
+ * asked for (GTP_GRAD_BUFFER_SEPARATE included: write the wgrad straight into it); on a larger group its
+ * reduced rows are copied into the main grad instead of added. Later buffers (microbatches) are as
+ * without the declaration. Host-only, nothing enqueued. INVALID_STATE, nothing declared: a listed weight
+ * has a buffer handed out or a main-grad add pending (declare after gtp_drain), or a CUDA graph capture
+ * is in progress (a buffer handed out under capture drops its weight's declaration). INVALID_ARGUMENT: a
+ * listed weight registered without a main grad, a stale or repeated handle. */
+gtp_status_t gtp_main_grads_zeroed(gtp_context_t* ctx, const gtp_weight_t* ws, size_t n);
 
 /* JSON text with its terminating NUL. *len gets the length without the NUL; when cap <= *len the
  * call fails with GTP_ERROR_INVALID_ARGUMENT, writes nothing to buf and still sets *len. */

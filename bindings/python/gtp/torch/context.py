@@ -187,11 +187,25 @@ class Context(core.Context):
         else:
             ready, self._ready = self._ready, []
         ready = list(dict.fromkeys(ready))  # once each, in order
-        for param in ready:
-            param.deliver_grad()
+        zeroed = [param for param in ready if param.deliver_grad()]
+        # Their FP32 staging is zero again (on the current stream): the next backward's first wgrad may be
+        # written straight into it. Nothing of theirs is in flight now (drain applied every add); a replay
+        # of a captured step could not honour it, so not under capture.
+        if zeroed and not (cuda and torch.cuda.is_current_stream_capturing()):
+            self.main_grads_zeroed(zeroed)
         for param in ready:
             for hook in param._grad_ready_hooks:
                 hook(param)
+
+    def main_grads_zeroed(self, params=None):
+        """gtp.Context.main_grads_zeroed for ShardedParameters (or gtp.Weights); None: every weight. Call it
+        after zeroing `param.main_grad` (FP32, libgtp's own: no other tensor assigned to main_grad), on
+        the current stream, after the backward's drain: each weight's first grad_buffer() afterwards is
+        that main grad, written by TE without the add. A main_grad assigned by the caller (a DDP bucket
+        view) needs no call: gtp.torch declares its own staging zero after each delivery."""
+        if params is not None:
+            params = [getattr(p, "gtp_weight", p) for p in params]
+        super().main_grads_zeroed(params)
 
     def note_finalized(self, params, reduced=True):
         """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves the grads of those that

@@ -158,8 +158,9 @@ class ShardedParameter(torch.nn.Parameter):
         microbatch under accumulate_microbatches), overwriting it would lose that microbatch: a scratch
         tensor is handed out instead and finalize_group_grads adds it into the buffer. Asked for as a
         separate buffer, so that on a one-rank group too it is libgtp's own, not the main grad (which a
-        written wgrad could only reach through a scratch and an add on this stream). Repeated calls
-        before finalize return the same tensor."""
+        written wgrad could only reach through a scratch and an add on this stream), except the first
+        after the main grads were declared zero (Context.main_grads_zeroed): then it is libgtp's FP32
+        target itself, written with no add. Repeated calls before finalize return the same tensor."""
         if self._wgrad_target is None:
             buffer, overwrite = self.wgrad_buffer(separate=True)
             self._wgrad_target = buffer if overwrite else torch.empty_like(buffer)
@@ -215,7 +216,8 @@ class ShardedParameter(torch.nn.Parameter):
 
     def deliver_grad(self):
         """Called by the context's drain once libgtp's add into the FP32 target has landed (ordered on
-        the current stream): moves it where the class docstring says."""
+        the current stream): moves it where the class docstring says. Returns whether it zeroed libgtp's
+        target (then declared zero by the drain)."""
         staged = self._gtp_main_grad
         if not self._into_main_grad:
             grad = staged.to(self.dtype, copy=True)
@@ -224,9 +226,12 @@ class ShardedParameter(torch.nn.Parameter):
             else:
                 self.grad.add_(grad)
             staged.zero_()
-        elif self._main_grad_target is not None:
+            return True
+        if self._main_grad_target is not None:
             self._main_grad_target.add_(staged)
             staged.zero_()
+            return True
+        return False
 
     def register_grad_ready_hook(self, hook):
         """hook(param) runs when this shard's gradient has been delivered (the DDP signal): at drain, on

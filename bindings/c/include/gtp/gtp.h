@@ -284,7 +284,7 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
 #define GTP_DRAIN_DEFER_HEAD 1u
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream);
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
-/* Main grads declared zero (appended after 0.7.0): the main grads of ws[0 .. n) (a leader stands for its
+/* Since 0.7.1. Main grads declared zero: the main grads of ws[0 .. n) (a leader stands for its
  * experts; n = 0 and ws NULL: every weight with a main grad) are zero now, as the caller's optimizer step
  * left them, zeroed on a stream ordered before the next gtp_grad_buffer(_ex) calls' streams. The first
  * buffer each weight is handed out afterwards then needs no add: on a size-1 group (with

@@ -21,15 +21,7 @@
 namespace gtp::remat {
 namespace {
 
-constexpr std::chrono::milliseconds kTimeout{60000};
-
-void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
-  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
-  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
-    comm::HostComm comm(*group[rank], kTimeout);
-    body(comm);
-  }));
-}
+using testing::on_ranks;
 
 // The same weights registered with two runtimes on one backend: `graphs` fills through fill graphs,
 // `eager` does not. Each layer is one weight of its own wire; FP32 shards, so every wire packs.

@@ -19,15 +19,7 @@ namespace {
 
 using testing::TrainOptions;
 using testing::TrainReport;
-constexpr std::chrono::milliseconds kTimeout{60000};
-
-void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
-  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
-  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
-    comm::HostComm comm(*group[rank], kTimeout);
-    body(comm);
-  }));
-}
+using testing::on_ranks;
 
 void expect_invalid(const std::function<void()>& call, const std::string& text) {
   try {

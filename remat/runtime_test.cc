@@ -17,18 +17,9 @@
 namespace gtp::remat {
 namespace {
 
-using std::chrono::milliseconds;
 using testing::TrainOptions;
 using testing::TrainReport;
-constexpr milliseconds kTimeout{60000};
-
-void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
-  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
-  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
-    comm::HostComm comm(*group[rank], kTimeout);
-    body(comm);
-  }));
-}
+using testing::on_ranks;
 
 template <typename Error>
 void expect_error(const std::function<void()>& call, const std::string& text) {

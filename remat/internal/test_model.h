@@ -7,18 +7,32 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "comm/host.h"
+#include "comm/internal/test_util.h"
+#include "comm/thread_bootstrap.h"
 #include "kernels/reference.h"
 #include "remat/host_backend.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat::testing {
+
+// Runs body on n host ranks as threads of this process (ThreadBootstrap), rethrowing the first failure.
+inline void on_ranks(int n, const std::function<void(comm::HostComm&)>& body) {
+  constexpr std::chrono::milliseconds kTimeout{60000};
+  auto group = comm::ThreadBootstrap::create_group(n, kTimeout);
+  comm::internal::rethrow_first(comm::internal::run_ranks(n, [&](int rank) {
+    comm::HostComm comm(*group[rank], kTimeout);
+    body(comm);
+  }));
+}
 
 inline float bf16_to_float(std::uint16_t bits) {
   const std::uint32_t word = static_cast<std::uint32_t>(bits) << 16;

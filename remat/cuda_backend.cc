@@ -153,6 +153,7 @@ void CudaBackend::start(std::vector<CudaStreamPriorities> priorities) {
     side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities[g].gather));
     side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities[g].reduce_scatter));
   }
+  check(cudaStreamCreateWithFlags(&upload_.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (graph uploads)");
   std::vector<int> sizes;
   for (const auto& [size, rank] : shapes_) sizes.push_back(size);
   launch("fill tag buffers", [&] { fill_tags_ = std::make_unique<CudaFillTags>(sizes); });
@@ -511,10 +512,34 @@ void CudaBackend::begin_graph(Stream stream) {
 Backend::Graph CudaBackend::end_graph(Stream stream) {
   cudaGraph_t graph = nullptr;
   check(cudaStreamEndCapture(on(stream), &graph), "cudaStreamEndCapture (fill graph)");
+  // Uploaded now, on a stream with nothing else queued, and waited for: a graph not yet uploaded is
+  // uploaded by its first launch in the launch stream's order, behind whatever waits there for a peer,
+  // and on the H100 that held back graphs of other streams too (bench/rig/graph_launch_probe.cu: fills
+  // recorded and launched at once stalled 1 run in 3 at G = 2 and 8, uploaded first 0 in 9).
+  cudaGraphInstantiateParams params{};
+  params.flags = cudaGraphInstantiateFlagUpload;
+  params.uploadStream = upload_.stream;
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t error = cudaGraphInstantiate(&exec, graph, 0);
+  try {
+    if (collectives_ != nullptr) collectives_->around_graph_instantiate(false);
+  } catch (...) {
+    cudaGraphDestroy(graph);
+    throw;
+  }
+  const cudaError_t error = cudaGraphInstantiateWithParams(&exec, graph, &params);
   cudaGraphDestroy(graph);
-  check(error, "cudaGraphInstantiate (fill graph)");
+  const cudaError_t uploaded = error == cudaSuccess ? cudaStreamSynchronize(upload_.stream) : error;
+  try {
+    if (collectives_ != nullptr) collectives_->around_graph_instantiate(true);  // also after a failure
+  } catch (...) {
+    if (error == cudaSuccess) cudaGraphExecDestroy(exec);
+    throw;
+  }
+  check(error, "cudaGraphInstantiateWithParams (fill graph)");
+  if (uploaded != cudaSuccess) {
+    cudaGraphExecDestroy(exec);
+    check(uploaded, "cudaStreamSynchronize (fill graph upload)");
+  }
   graphs_.emplace(++next_graph_, exec);
   return next_graph_;
 }

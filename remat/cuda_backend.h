@@ -110,7 +110,9 @@ class CudaBackend : public Backend {
   bool capturing(Stream stream) override;
 
   // A stream capture in cudaStreamCaptureModeThreadLocal (other threads keep their CUDA calls),
-  // instantiated once; each launch is one cudaGraphLaunch. Captured NCCL collectives follow NCCL's
+  // instantiated once and uploaded then, on a private idle stream the host waits for (once per
+  // recording), so no launch uploads it behind the work queued on its stream; each launch is one
+  // cudaGraphLaunch. Captured NCCL collectives follow NCCL's
   // rule that graph capture is a collective property (docs/remat.md, Fill graphs).
   bool supports_graphs() const override { return true; }
   void begin_graph(Stream stream) override;
@@ -186,6 +188,13 @@ class CudaBackend : public Backend {
   int caller_device_ = -1;  // the device current when the call began
   std::vector<std::pair<cudaStream_t, unsigned long long>> capture_memo_;  // within a call
   std::unordered_map<Graph, cudaGraphExec_t> graphs_;  // begin_graph / end_graph recordings
+  // end_graph's uploads only, so idle but for them (docs/remat.md, Fill graphs); destroyed last.
+  struct UploadStream {
+    cudaStream_t stream = nullptr;
+    ~UploadStream() {
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    }
+  } upload_;
   Graph next_graph_ = 0;
   std::unique_ptr<CudaFillTags> fill_tags_;
   const FillTagCheck* fill_tag_check_ = nullptr;  // the runtime's, from its latest check_fill_tags

@@ -34,6 +34,13 @@ class DeviceCollectives {
   // collective. Throws std::runtime_error when the memory cannot be had.
   virtual void* allocate(std::int64_t bytes) = 0;
   virtual void deallocate(void* ptr) = 0;
+
+  // Called by CudaBackend::end_graph right before it instantiates a recorded graph (`done` false) and
+  // right after (`done` true). cudaGraphInstantiate may wait for the device while holding a lock every
+  // CUDA call of the context takes, so where peers share this device's context a transport must keep
+  // their device work from waiting on this rank meanwhile (the rig: a barrier of every rank on both
+  // sides; recordings are rank-uniform). Throws std::runtime_error when a peer never arrives.
+  virtual void around_graph_instantiate(bool done) { (void)done; }
 };
 
 }  // namespace gtp::remat

@@ -113,9 +113,47 @@ struct OneGpuRig::State {
     std::map<std::pair<std::uint32_t, int>, HostRound> rounds;  // (sequence, round)
   };
   std::vector<std::unique_ptr<HostComm>> host_comms;
+  // graph_barrier: the ranks arrived in the current generation.
+  std::mutex barrier_mutex;
+  std::condition_variable barrier_changed;
+  std::vector<char> barrier_arrived;
+  int barrier_count = 0;
+  std::uint64_t barrier_generation = 0;
 };
 
 namespace {
+
+// OneGpuRig::graph_barrier (one_gpu_rig.h says why).
+void graph_barrier(OneGpuRig::State& s, int rank) {
+  const int world = static_cast<int>(s.rank_in.size());
+  std::unique_lock<std::mutex> lock(s.barrier_mutex);
+  if (s.barrier_arrived.empty()) s.barrier_arrived.assign(world, 0);
+  if (s.barrier_arrived[rank] != 0) {
+    throw std::logic_error("one-GPU rig: rank " + std::to_string(rank) + " entered the graph barrier twice");
+  }
+  const std::uint64_t generation = s.barrier_generation;
+  s.barrier_arrived[rank] = 1;
+  if (++s.barrier_count == world) {
+    s.barrier_count = 0;
+    std::fill(s.barrier_arrived.begin(), s.barrier_arrived.end(), 0);
+    ++s.barrier_generation;
+    s.barrier_changed.notify_all();
+    return;
+  }
+  if (s.barrier_changed.wait_for(lock, std::chrono::nanoseconds(s.timeout_ns),
+                                 [&] { return s.barrier_generation != generation; })) {
+    return;
+  }
+  std::string missing;
+  for (int r = 0; r < world; ++r) {
+    if (s.barrier_arrived[r] == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  s.barrier_arrived[rank] = 0;  // gone: a late peer must not count it
+  --s.barrier_count;
+  throw std::runtime_error("one-GPU rig: rank " + std::to_string(rank) + " waited " +
+                           std::to_string(s.timeout_ns / 1000000000LL) + " s at the graph barrier for ranks " +
+                           missing + " (every rank instantiates the same graphs at the same point)");
+}
 
 // Rank `me`'s collectives (one communicator per group and role).
 class Transport : public DeviceCollectives {
@@ -137,6 +175,7 @@ class Transport : public DeviceCollectives {
     return static_cast<char*>(s_.arena) + me_ * s_.arena_bytes + at;
   }
   void deallocate(void*) override {}
+  void around_graph_instantiate(bool) override { graph_barrier(s_, me_); }
 
   int group_count() const override { return s_.group_count; }
   int size(int group) const override { return static_cast<int>(comm(group, false).ranks.size()); }
@@ -475,6 +514,14 @@ std::unique_ptr<DeviceCollectives> OneGpuRig::transport(int rank) {
   }
   state_->handed_out[rank] = 1;
   return std::make_unique<Transport>(*state_, rank);
+}
+
+void OneGpuRig::graph_barrier(int rank) {
+  if (rank < 0 || rank >= world_) {
+    throw std::invalid_argument("OneGpuRig::graph_barrier(" + std::to_string(rank) + "): not a rank of 0.." +
+                                std::to_string(world_ - 1));
+  }
+  gtp::remat::graph_barrier(*state_, rank);
 }
 
 std::string OneGpuRig::timeout_report() const {

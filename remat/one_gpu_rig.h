@@ -90,6 +90,17 @@ class OneGpuRig {
   // GTP_RIG_TRACE set in the environment, every collective a rank issues is printed to stderr.
   std::string progress_report() const;
 
+  // A host barrier of every world rank, bounded by `spin_timeout` (then std::runtime_error naming the
+  // ranks that did not arrive). cudaGraphInstantiate may wait for the device while holding a lock that
+  // every CUDA call of the context takes; with ranks sharing one context, a peer's device work waiting
+  // for a rank blocked on that lock would never end. So every rank passes this barrier right before
+  // and right after it instantiates a graph (the rig's transport does so for CudaBackend's fill
+  // graphs; a test instantiating its own capture calls it): before, every rank has issued all it will
+  // until then, so the device work in flight needs nothing more; after, no rank launches a graph whose
+  // collectives would wait for a peer still instantiating. Recordings are rank-uniform, so every rank
+  // reaches the same barriers. NCCL has no such barrier: it exists because the ranks share a context.
+  void graph_barrier(int rank);
+
   // One communicator: ranks (world ranks, in group-rank order) and its device state.
   struct Comm {
     int group = 0, part = 0;

@@ -82,10 +82,11 @@ struct Seen {
 
 bool gemm_layout(const Case& c) { return c.gemm_backward && c.wire.format != kernels::WireFormat::kBF16; }
 
-// One rank's run on either backend. With a `stage` (the rig): buffers are device memory, the consumer
+// One rank's run on either backend. With a `rig` and a `stage`: buffers are device memory, the consumer
 // is `stream`, and every copy is ordered on it, host data through the pinned stage; without: host
 // memory, copies at once. Returns what the rank saw.
-Seen run_rank(Backend& backend, testing::PinnedStage* stage, cudaStream_t stream, int rank, const Case& c) {
+Seen run_rank(Backend& backend, OneGpuRig* rig, testing::PinnedStage* stage, cudaStream_t stream, int rank,
+              const Case& c) {
   const bool device = stage != nullptr;
   // Host to device (and device to device, inside a step): through the pinned stage on `stream`.
   const auto upload = [&](void* dst, const void* src, std::int64_t bytes) {
@@ -271,7 +272,14 @@ Seen run_rank(Backend& backend, testing::PinnedStage* stage, cudaStream_t stream
       }
       cudaGraph_t graph = nullptr;
       EXPECT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      // Uploaded at instantiation on the rank's (idle) stream, as CudaBackend does its fill graphs: a
+      // first launch that uploads does so behind its stream's queued work (docs/remat.md, Fill graphs).
+      cudaGraphInstantiateParams params{};
+      params.flags = cudaGraphInstantiateFlagUpload;
+      params.uploadStream = stream;
+      rig->graph_barrier(rank);  // instantiation may wait for the device holding the context's lock
+      EXPECT_EQ(cudaGraphInstantiateWithParams(&exec, graph, &params), cudaSuccess);
+      rig->graph_barrier(rank);
       cudaGraphDestroy(graph);
       EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     } else {
@@ -319,7 +327,7 @@ void compare(const Case& c) {
                                        : std::vector<comm::HostComm*>{&comm});
       Case eager = c;
       eager.capture = false;  // the reference runs every step eagerly
-      host[rank] = run_rank(backend, nullptr, nullptr, rank, eager);
+      host[rank] = run_rank(backend, nullptr, nullptr, nullptr, rank, eager);
     }));
   }
   std::vector<int> all(c.ranks);
@@ -334,7 +342,7 @@ void compare(const Case& c) {
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
     {
       CudaBackend backend(0, rig.transport(rank));
-      rig_seen[rank] = run_rank(backend, stages[rank].get(), stream, rank, c);
+      rig_seen[rank] = run_rank(backend, &rig, stages[rank].get(), stream, rank, c);
     }
     cudaStreamDestroy(stream);
   });

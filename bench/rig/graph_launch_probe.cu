@@ -7,7 +7,7 @@
 // Every flag wait is bounded; the first wait that times out raises an abort word, after which every
 // wait returns at once, so a stalled pattern ends in about `timeout` and is reported, not hung.
 //
-//   graph_launch_probe [--ranks 2,4,8] [--repeats 3] [--fills 16] [--timeout-ms 3000]
+//   graph_launch_probe [--ranks 2,4,8] [--repeats 3] [--fills 16] [--timeout-ms 3000] [--patterns a,b]
 // Prints one line per (pattern, G): runs that completed, runs with a timed-out wait, median time.
 #include <cuda_runtime_api.h>
 
@@ -72,7 +72,8 @@ __global__ void touch(float* x, int n) {
 struct Shared {
   int size = 0;
   long long timeout_ns = 0;
-  unsigned* flags = nullptr;  // [2 rounds][size][size]
+  unsigned* flags = nullptr;   // [2 rounds][size][size]
+  unsigned* flags2 = nullptr;  // a second communicator's, for the two-branch patterns
   unsigned* abort_word = nullptr;
   unsigned* timeouts = nullptr;
   // A host barrier for the patterns that need one (not part of a collective: between phases only).
@@ -95,23 +96,39 @@ struct Shared {
 struct Rank {
   Shared* s = nullptr;
   int rank = 0;
-  cudaStream_t stream = nullptr, side = nullptr;
+  cudaStream_t stream = nullptr, side = nullptr, branch = nullptr;
+  cudaEvent_t forked = nullptr, joined = nullptr;
   float* data = nullptr;
   int n = 1 << 16;
 
-  void collective() {
-    flag_round<<<1, 1, 0, stream>>>(s->flags, s->size, rank, s->timeout_ns, s->abort_word, s->timeouts);
-    touch<<<64, 256, 0, stream>>>(data, n);
-    flag_round<<<1, 1, 0, stream>>>(s->flags + s->size * s->size, s->size, rank, s->timeout_ns, s->abort_word,
-                                    s->timeouts);
+  void collective(cudaStream_t on, unsigned* flags, float* x) {
+    flag_round<<<1, 1, 0, on>>>(flags, s->size, rank, s->timeout_ns, s->abort_word, s->timeouts);
+    touch<<<64, 256, 0, on>>>(x, n / 2);
+    flag_round<<<1, 1, 0, on>>>(flags + s->size * s->size, s->size, rank, s->timeout_ns, s->abort_word, s->timeouts);
   }
   void fill(int k) {
     touch<<<1, 32, 0, stream>>>(data, 16);  // the tag write
-    for (int c = 0; c < k; ++c) collective();
+    for (int c = 0; c < k; ++c) collective(stream, s->flags, data);
   }
-  cudaGraphExec_t record(int k) {
+  // A step's shape: the stream forks to a second stream, each runs k collectives of its own
+  // communicator, and they join.
+  void step(int k) {
+    check(cudaEventRecord(forked, stream), "cudaEventRecord");
+    check(cudaStreamWaitEvent(branch, forked, 0), "cudaStreamWaitEvent");
+    for (int c = 0; c < k; ++c) {
+      collective(stream, s->flags, data);
+      collective(branch, s->flags2, data + n / 2);
+    }
+    check(cudaEventRecord(joined, branch), "cudaEventRecord");
+    check(cudaStreamWaitEvent(stream, joined, 0), "cudaStreamWaitEvent");
+  }
+  cudaGraphExec_t record(int k, bool two_branches = false) {
     check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    fill(k);
+    if (two_branches) {
+      step(k);
+    } else {
+      fill(k);
+    }
     cudaGraph_t graph = nullptr;
     check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     cudaGraphExec_t exec = nullptr;
@@ -185,6 +202,20 @@ const std::vector<std::pair<std::string, Pattern>>& patterns() {
          check(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize");
          cudaGraphExecDestroy(exec);
        }},
+      {"two-branch-eager", [](Rank& r, int fills, int k) {
+         for (int f = 0; f < fills / 4; ++f) r.step(k);
+         check(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize");
+       }},
+      // The captured step: two branches in one graph, uploaded first, launched after a barrier.
+      {"two-branch-graph", [](Rank& r, int fills, int k) {
+         cudaGraphExec_t exec = r.record(k, true);
+         check(cudaGraphUpload(exec, r.side), "cudaGraphUpload");
+         check(cudaStreamSynchronize(r.side), "cudaStreamSynchronize(side)");
+         r.s->barrier();
+         for (int f = 0; f < fills / 4; ++f) check(cudaGraphLaunch(exec, r.stream), "cudaGraphLaunch");
+         check(cudaStreamSynchronize(r.stream), "cudaStreamSynchronize");
+         cudaGraphExecDestroy(exec);
+       }},
   };
   return p;
 }
@@ -208,6 +239,7 @@ std::vector<int> parse_list(const char* text) {
 
 int main(int argc, char** argv) {
   std::vector<int> ranks = {2, 4, 8};
+  std::string only;  // --patterns a,b: those only
   int repeats = 3, fills = 16, k = 3;
   long long timeout_ms = 3000;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -215,6 +247,7 @@ int main(int argc, char** argv) {
     if (flag == "--ranks") ranks = parse_list(argv[i + 1]);
     else if (flag == "--repeats") repeats = std::max(1, std::atoi(argv[i + 1]));
     else if (flag == "--fills") fills = std::max(2, std::atoi(argv[i + 1]));
+    else if (flag == "--patterns") only = "," + std::string(argv[i + 1]) + ",";
     else if (flag == "--timeout-ms") timeout_ms = std::max(100, std::atoi(argv[i + 1]));
     else {
       std::fprintf(stderr, "graph_launch_probe: unknown flag %s\n", argv[i]);
@@ -229,11 +262,13 @@ int main(int argc, char** argv) {
               fills, k, timeout_ms, connections);
   std::printf("%-22s %3s %9s %9s %10s\n", "pattern", "G", "complete", "stalled", "median_ms");
   for (const auto& [name, pattern] : patterns()) {
+    if (!only.empty() && only.find("," + name + ",") == std::string::npos) continue;
     for (int g : ranks) {
       Shared s;
       s.size = g;
       s.timeout_ns = timeout_ms * 1000000LL;
-      check(cudaMalloc(&s.flags, 2 * g * g * sizeof(unsigned)), "cudaMalloc");
+      check(cudaMalloc(&s.flags, 4 * g * g * sizeof(unsigned)), "cudaMalloc");
+      s.flags2 = s.flags + 2 * g * g;
       check(cudaMalloc(&s.abort_word, 2 * sizeof(unsigned)), "cudaMalloc");
       s.timeouts = s.abort_word + 1;
       std::vector<Rank> rs(g);
@@ -242,13 +277,16 @@ int main(int argc, char** argv) {
         rs[r].rank = r;
         check(cudaStreamCreateWithFlags(&rs[r].stream, cudaStreamNonBlocking), "cudaStreamCreate");
         check(cudaStreamCreateWithFlags(&rs[r].side, cudaStreamNonBlocking), "cudaStreamCreate");
+        check(cudaStreamCreateWithFlags(&rs[r].branch, cudaStreamNonBlocking), "cudaStreamCreate");
+        check(cudaEventCreateWithFlags(&rs[r].forked, cudaEventDisableTiming), "cudaEventCreate");
+        check(cudaEventCreateWithFlags(&rs[r].joined, cudaEventDisableTiming), "cudaEventCreate");
         check(cudaMalloc(&rs[r].data, rs[r].n * sizeof(float)), "cudaMalloc");
         check(cudaMemset(rs[r].data, 0, rs[r].n * sizeof(float)), "cudaMemset");
       }
       int complete = 0, stalled = 0;
       std::vector<double> ms;
       for (int rep = 0; rep < repeats; ++rep) {
-        check(cudaMemset(s.flags, 0, 2 * g * g * sizeof(unsigned)), "cudaMemset");
+        check(cudaMemset(s.flags, 0, 4 * g * g * sizeof(unsigned)), "cudaMemset");
         check(cudaMemset(s.abort_word, 0, 2 * sizeof(unsigned)), "cudaMemset");
         check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
         const auto start = std::chrono::steady_clock::now();
@@ -270,6 +308,9 @@ int main(int argc, char** argv) {
       for (auto& r : rs) {
         cudaStreamDestroy(r.stream);
         cudaStreamDestroy(r.side);
+        cudaStreamDestroy(r.branch);
+        cudaEventDestroy(r.forked);
+        cudaEventDestroy(r.joined);
         cudaFree(r.data);
       }
       cudaFree(s.flags);

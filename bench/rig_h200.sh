@@ -2,6 +2,8 @@
 # The one-GPU rig on the GPU machine (issue 23): G = 2, 4, 8 ranks as threads on one GPU through the
 # rig (a test double for NCCL, remat/one_gpu_rig.h). Cheapest and most diagnostic first, every step
 # under a time limit and the whole call under GTP_DEADLINE (seconds, default 360):
+#   probe                           gtp-graph-launch-probe: ranks waiting for each other from CUDA
+#                                   graphs, by launch pattern (stalls are bounded and counted)
 #   smoke_kernels, smoke_memops     one_gpu_rig_test at G = 2 only, the rig's two flag modes
 #   rig_test, rig_runtime_test      the rig's collectives; every multi-rank runtime path bit-compared
 #                                   with the host backend (kernel flags: every wait bounded)
@@ -40,10 +42,12 @@ step() {  # step LIMIT NAME COMMAND...: log to NAME.log, one verdict line
   echo "== $name exit $rc ($((SECONDS - start)) s) :: $(grep -E '\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test|\[  FAILED  \] [A-Z].*\(|ERROR SUMMARY|RACECHECK SUMMARY|flags by|one-GPU rig|^rank [0-9]' "$work/$name.log" | sort | uniq -c | head -30 | tr '\n' ' ' | cut -c1-900)"
   if [ "$rc" != 0 ]; then echo "   last lines:"; tail -n 6 "$work/$name.log" | sed 's/^/   | /'; fi
 }
-for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig; do
+for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig gtp-graph-launch-probe; do
   [ -x "$bin/$b" ] || echo "== $b: not in $bin (run tools/stage-gpu.sh)"
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
+step 60 probe $bin/gtp-graph-launch-probe --ranks 2,4,8 --repeats 3 --fills 16 --timeout-ms 2000
+grep -E "^(pattern|eager|record|prebuilt|two-branch)" "$work/probe.log"
 step 45 smoke_kernels env GTP_RIG_FLAGS=kernels $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
 step 45 smoke_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
 step 90 rig_test $bin/one_gpu_rig_test

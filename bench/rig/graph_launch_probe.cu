@@ -237,7 +237,7 @@ std::vector<int> parse_list(const char* text) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int graph_launch_probe_main(int argc, char** argv) {
   std::vector<int> ranks = {2, 4, 8};
   std::string only;  // --patterns a,b: those only
   int repeats = 3, fills = 16, k = 3;
@@ -254,14 +254,16 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);  // before CUDA starts, as the rig does
   setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   check(cudaSetDevice(0), "cudaSetDevice");
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   std::printf("graph_launch_probe: fills %d x %d collectives, timeout %lld ms, CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
               fills, k, timeout_ms, connections);
   std::printf("%-22s %3s %9s %9s %10s\n", "pattern", "G", "complete", "stalled", "median_ms");
-  for (const auto& [name, pattern] : patterns()) {
+  for (const auto& entry : patterns()) {
+    const std::string& name = entry.first;
+    const Pattern& pattern = entry.second;
     if (!only.empty() && only.find("," + name + ",") == std::string::npos) continue;
     for (int g : ranks) {
       Shared s;

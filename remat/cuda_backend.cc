@@ -288,14 +288,14 @@ void CudaBackend::issue(const Collective& c) {
 
 void CudaBackend::check_fill_tags(Stream stream, int group, const FillTag& mine, const FillTagCheck* check) {
   if (!batching_) throw std::logic_error("CudaBackend::check_fill_tags outside a collective batch");
+  comms(group);  // throws for an unknown group, before the tag is written
   CudaFillTags& tags = *fill_tags_;
-  launch("write_fill_tag_cuda", [&] { write_fill_tag_cuda(mine, tags.send(group), on(stream)); });
+  // Eager: copied from a page-locked ring slot; captured: the kernel, whose argument the graph keeps.
+  const bool captured = capturing(stream);
+  launch("fill tag write", [&] { tags.write(group, mine, on(stream), captured); });
   all_gather(stream, group, tags.send(group), tags.recv(group), static_cast<std::int64_t>(sizeof(FillTag)));
-  CudaFillTags::Pending& fill = tags.pending;
+  CudaFillTags::Pending& fill = tags.pending;  // write() set its stream, group, tag and ring slot
   fill.open = true;
-  fill.stream = on(stream);
-  fill.group = group;
-  fill.mine = mine;
   fill.regions.clear();
   fill_tag_check_ = check;
 }
@@ -367,14 +367,14 @@ void CudaBackend::end_collectives() {
     issue_batch();
   } catch (...) {
     batch_.clear();
+    fill_tags_->abandon();  // no check: the tag's ring slot (if any) is released by an event
     throw;
   }
   batch_.clear();
   if (verify) {  // after the gathers, before anything the runtime enqueues next (the unpacks)
-    launch("verify_fill_tags_cuda", [&] {
-      verify_fill_tags_cuda(fill_tags_->recv(fill.group), group_size(fill.group), fill.mine, fill.group, fill.regions,
-                            fill_tags_->device_verdict(), fill.stream);
-    });
+    launch("verify_fill_tags_cuda", [&] { fill_tags_->verify(group_size(fill.group)); });  // releases the slot
+  } else {
+    fill_tags_->abandon();  // no-op unless a tag was written without its gather being recorded
   }
 }
 
@@ -428,6 +428,7 @@ void CudaBackend::cancel_collectives() noexcept {
   batching_ = false;
   batch_.clear();
   fill_tags_->pending.open = false;
+  fill_tags_->abandon();  // the tag copy stays on the stream: its ring slot is released by an event
 }
 
 void CudaBackend::abort_communicators(const std::string& /*reason*/) noexcept {

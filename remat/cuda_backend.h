@@ -94,10 +94,14 @@ class CudaBackend : public Backend {
   // The callback runs on a CUDA host-function thread and must not call CUDA. Captured into a graph,
   // it runs on every replay; the backend keeps it until destruction.
   void host_callback(Stream stream, std::function<void()> callback) override;
-  // Writes the tag (a kernel), gathers it inside the open batch and, once the batch is enqueued, checks
-  // it on the device (fill_tags_cuda.h): on a mismatch the fill's gathered bytes become 0xFF and the
-  // next runtime call throws (poll_fill_tags).
+  // Writes the tag (eagerly a 64-byte copy from a page-locked ring slot, in a capture a kernel; the
+  // kernel also when the ring's next slot is still unread), gathers it inside the open batch and, once
+  // the batch is enqueued, checks it on the device (fill_tags_cuda.h): on a mismatch the fill's
+  // gathered bytes become 0xFF and the next runtime call throws (poll_fill_tags).
   void check_fill_tags(Stream stream, int group, const FillTag& mine, const FillTagCheck* check) override;
+  // The fill-tag buffers and ring: how the tags were written (CudaFillTags::writes); benchmarks and
+  // tests may turn the copy off (set_copy).
+  CudaFillTags& fill_tags() { return *fill_tags_; }
 
   Stream side_stream(int group, Role role) override;
   Event record(Stream stream) override;

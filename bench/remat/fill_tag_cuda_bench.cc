@@ -1,6 +1,9 @@
 // What the fill-tag check adds to one fill on the CUDA backend (docs/reliability.md, "Ranks that
 // disagree"): a fill's collective batch with one weight's all-gather, without and with the check (tag
-// write kernel + tag all-gather in the same NCCL group + check kernel), driven at the backend level.
+// write + tag all-gather in the same NCCL group + check kernel), driven at the backend level. The
+// checked fill twice: its tag written by the kernel (CudaFillTags::set_copy(false), the write before
+// the ring: "checked") and copied from a page-locked ring slot (the eager default: "checked_copy",
+// with how many of its tags the ring could not take, "copy_ring_full", which should be 0).
 // - G = 1 (one GPU; the runtime itself skips the check there, so this is the check's cost on the
 //   smallest NCCL path, where every op of the group is a launch of its own).
 // - G = 2 (two threads on GPUs 0 and 1, when there are two): NCCL runs the group's ops in one launch,
@@ -9,7 +12,8 @@
 //   check kernel with 1 region (small parameters) and 5 (the 48-region set), and two other ways to
 //   write a 64-byte tag: cudaMemcpyAsync from pinned memory and one cuStreamBatchMemOp of 8 64-bit
 //   writes (when the driver has it).
-// Host and stream time per fill, alternating plain / checked, medians of 5 rounds; one JSON line.
+// Host and stream time per fill, alternating plain / checked / checked_copy, medians of 5 rounds,
+// inside one Backend::CallScope (as a runtime call); one JSON line.
 // Says so and exits 0 without a device.
 //   bazel run -c opt //bench/remat:fill_tag_cuda_bench
 #include <cuda.h>
@@ -64,6 +68,8 @@ double median(std::vector<double> v) {
 
 struct FillCosts {
   double plain_host = 0, checked_host = 0, plain_stream = 0, checked_stream = 0;
+  double copy_host = 0, copy_stream = 0;  // checked, the tag copied from the ring
+  unsigned long long copy_ring_full = 0;  // tags of the copy rounds the kernel wrote (ring full)
 };
 
 // Alternating plain and checked fills on `backend`'s group 0 (collective: every rank runs it).
@@ -85,18 +91,34 @@ FillCosts fill_costs(CudaBackend& backend) {
     backend.all_gather(stream, 0, send, recv, kChunkBytes);
     batch.launch();
   };
-  std::vector<double> ph, ps, ch, cs;
+  gtp::remat::CudaFillTags& tags = backend.fill_tags();
+  // As inside a runtime call: the side stream's capture status (check_fill_tags asks it, to choose
+  // the copy or the kernel) is read once, not per fill.
+  const Backend::CallScope call(backend);
+  std::vector<double> ph, ps, ch, cs, yh, ys;
+  unsigned long long ring_full = 0;
   for (int r = 0; r < kRounds; ++r) {
     const Times p = time_calls(static_cast<cudaStream_t>(stream), plain);
+    tags.set_copy(false);
     const Times c = time_calls(static_cast<cudaStream_t>(stream), checked);
+    tags.set_copy(true);
+    const std::uint64_t full = tags.writes().ring_full;
+    const Times y = time_calls(static_cast<cudaStream_t>(stream), checked);
+    ring_full += tags.writes().ring_full - full;
     ph.push_back(p.host_us);
     ps.push_back(p.stream_us);
     ch.push_back(c.host_us);
     cs.push_back(c.stream_us);
+    yh.push_back(y.host_us);
+    ys.push_back(y.stream_us);
   }
   backend.deallocate(send, kChunkBytes);
   backend.deallocate(recv, kChunkBytes * backend.group_size(0));
-  return {median(ph), median(ch), median(ps), median(cs)};
+  FillCosts costs{median(ph), median(ch), median(ps), median(cs)};
+  costs.copy_host = median(yh);
+  costs.copy_stream = median(ys);
+  costs.copy_ring_full = ring_full;
+  return costs;
 }
 
 // cuStreamBatchMemOp from the driver (libcuda is not linked), or null.
@@ -207,13 +229,16 @@ int main() {
   FillCosts two;
   const bool have_two = two_rank_costs(&two);
   std::printf("{\"fill\": \"one %lld-byte all_gather\", \"plain_host_us\": %.2f, \"checked_host_us\": %.2f, "
-              "\"plain_stream_us\": %.2f, \"checked_stream_us\": %.2f, ",
-              static_cast<long long>(kChunkBytes), one.plain_host, one.checked_host, one.plain_stream,
-              one.checked_stream);
+              "\"checked_copy_host_us\": %.2f, \"plain_stream_us\": %.2f, \"checked_stream_us\": %.2f, "
+              "\"checked_copy_stream_us\": %.2f, \"copy_ring_full\": %llu, \"ring_slots\": %d, ",
+              static_cast<long long>(kChunkBytes), one.plain_host, one.checked_host, one.copy_host, one.plain_stream,
+              one.checked_stream, one.copy_stream, one.copy_ring_full, gtp::remat::CudaFillTags::kRingSlots);
   if (have_two) {
-    std::printf("\"g2_plain_host_us\": %.2f, \"g2_checked_host_us\": %.2f, \"g2_plain_stream_us\": %.2f, "
-                "\"g2_checked_stream_us\": %.2f, ",
-                two.plain_host, two.checked_host, two.plain_stream, two.checked_stream);
+    std::printf("\"g2_plain_host_us\": %.2f, \"g2_checked_host_us\": %.2f, \"g2_checked_copy_host_us\": %.2f, "
+                "\"g2_plain_stream_us\": %.2f, \"g2_checked_stream_us\": %.2f, \"g2_checked_copy_stream_us\": %.2f, "
+                "\"g2_copy_ring_full\": %llu, ",
+                two.plain_host, two.checked_host, two.copy_host, two.plain_stream, two.checked_stream, two.copy_stream,
+                two.copy_ring_full);
   } else {
     std::printf("\"g2\": \"not run: needs 2 CUDA devices\", ");
   }

@@ -17,6 +17,7 @@
 #                                   deadlock there, and host-rendezvous collectives cannot be captured)
 #   rig_runtime_memops              the runtime test at G = 4 with stream-memory-operation flags
 #   *_racecheck, *_synccheck        the runtime test's eager cases at G = 2, host-rendezvous flags
+# GTP_RIG_STEPS="probe rig_runtime_test ..." runs only the steps named.
 # Output is line-buffered (stdbuf) so a killed step still leaves its log; a hung rig ends with the
 # watchdog's report (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
 # Binaries from tools/stage-gpu.sh (.carry/bin). Logs and the JSONs land in $OUT/rig_results.tgz; one
@@ -34,6 +35,8 @@ trap 'tar czf "$out/rig_results.tgz" -C "$work" .' EXIT
 deadline=$(( $(date +%s) + ${GTP_DEADLINE:-360} ))
 step() {  # step LIMIT NAME COMMAND...: log to NAME.log, one verdict line
   local limit=$1 name=$2; shift 2
+  # GTP_RIG_STEPS="name ...": only those steps (unset: every step).
+  if [ -n "${GTP_RIG_STEPS:-}" ] && [[ " $GTP_RIG_STEPS " != *" $name "* ]]; then return; fi
   local start=$SECONDS left=$((deadline - $(date +%s)))
   if [ "$left" -lt 15 ]; then echo "== $name: skipped, the call's deadline is near"; return; fi
   [ "$left" -lt "$limit" ] && limit=$left
@@ -47,14 +50,14 @@ for b in one_gpu_rig_test one_gpu_rig_runtime_test gtp-overlap-bench-rig gtp-gra
 done
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -1
 step 60 probe $bin/gtp-graph-launch-probe --ranks 2,4,8 --repeats 3 --fills 16 --timeout-ms 2000
-grep -E "^(pattern|eager|record|prebuilt|two-branch)" "$work/probe.log"
+grep -E "^(pattern|eager|record|prebuilt|two-branch)" "$work/probe.log" 2>/dev/null
 step 45 smoke_kernels env GTP_RIG_FLAGS=kernels $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
 step 45 smoke_memops env GTP_RIG_FLAGS=memops $bin/one_gpu_rig_test --gtest_filter='*G1:*G2'
 step 90 rig_test $bin/one_gpu_rig_test
 step 150 rig_runtime_test $bin/one_gpu_rig_runtime_test
 step 90 overlap_rig $bin/gtp-overlap-bench-rig --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 --wires bf16,fp8 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench.json"
-grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$work/overlap_rig.log"
+grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$work/overlap_rig.log" 2>/dev/null
 eager='*EveryWire*:*UndefinedGrads*:*KeepGathered*'
 step 90 rig_runtime_host env GTP_RIG_FLAGS=host $bin/one_gpu_rig_runtime_test --gtest_filter="$eager"
 step 120 rig_test_memcheck env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
@@ -68,4 +71,4 @@ for tool in racecheck synccheck; do
 done
 step 60 overlap_rig_g8 $bin/gtp-overlap-bench-rig --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench_g8.json"
-grep -E "^(rs-wait|current)" "$work/overlap_rig_g8.log"
+grep -E "^(rs-wait|current)" "$work/overlap_rig_g8.log" 2>/dev/null

@@ -76,9 +76,11 @@ struct RankResult {
   std::int64_t recordings_while_timed = 0;
 };
 
+// Nearest rank; the median of an even count is the mean of the two middle values.
 double quantile(std::vector<double> v, double q) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
+  if (q == 0.5 && v.size() % 2 == 0) return (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   return v[static_cast<std::size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
 }
 

@@ -32,8 +32,10 @@ step() {  # step LIMIT NAME COMMAND...
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -2
 step 60 cuda_failure_test $bin/cuda_failure_test
 step 60 cuda_fill_tags_test $bin/cuda_fill_tags_test
+# Without the held-stream case: it holds the GPU with a host function that waits for a flag the host
+# raises after enqueueing, which compute-sanitizer's serialized launches never reach (30 s timeout).
 step 90 cuda_fill_tags_memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
-  $bin/cuda_fill_tags_test
+  $bin/cuda_fill_tags_test --gtest_filter='-*NoSlotIsReusedBeforeItsCopyRan*'
 step 60 cuda_failure_memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
   $bin/cuda_failure_test
 for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test; do

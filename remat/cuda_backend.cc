@@ -153,7 +153,6 @@ void CudaBackend::start(std::vector<CudaStreamPriorities> priorities) {
     side_.push_back(streams_.get(name, comm::StreamRole::kAllGatherForward, priorities[g].gather));
     side_.push_back(streams_.get(name, comm::StreamRole::kReduceScatterBackward, priorities[g].reduce_scatter));
   }
-  check(cudaStreamCreateWithFlags(&upload_.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (graph uploads)");
   std::vector<int> sizes;
   for (const auto& [size, rank] : shapes_) sizes.push_back(size);
   launch("fill tag buffers", [&] { fill_tags_ = std::make_unique<CudaFillTags>(sizes); });
@@ -500,26 +499,29 @@ void CudaBackend::forget(Event id) {
   live_.erase(found);
 }
 
+void CudaBackend::forget_capture(cudaStream_t stream) noexcept {
+  capture_memo_.erase(std::remove_if(capture_memo_.begin(), capture_memo_.end(),
+                                     [&](const auto& memo) { return memo.first == stream; }),
+                      capture_memo_.end());
+}
+
+// A recording begins and ends inside one call: the memo of `s` is dropped at both ends, so nothing
+// reads a stale "not capturing" during it (check_fill_tags asks) or a stale "capturing" after it (a
+// wait dropped as if inside a capture: wrong data on the rig before this was so).
 void CudaBackend::begin_graph(Stream stream) {
   const cudaStream_t s = on(stream);
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-  // The runtime neither records nor waits on `s` while recording, so the memo needs no update; it is
-  // dropped anyway so that nothing reads a stale "not capturing" for it.
-  capture_memo_.erase(std::remove_if(capture_memo_.begin(), capture_memo_.end(),
-                                     [&](const auto& memo) { return memo.first == s; }),
-                      capture_memo_.end());
+  forget_capture(s);
 }
 
 Backend::Graph CudaBackend::end_graph(Stream stream) {
   cudaGraph_t graph = nullptr;
+  forget_capture(on(stream));
   check(cudaStreamEndCapture(on(stream), &graph), "cudaStreamEndCapture (fill graph)");
   // Uploaded now, on a stream with nothing else queued, and waited for: a graph not yet uploaded is
   // uploaded by its first launch in the launch stream's order, behind whatever waits there for a peer,
   // and on the H100 that held back graphs of other streams too (bench/rig/graph_launch_probe.cu: fills
   // recorded and launched at once stalled 1 run in 3 at G = 2 and 8, uploaded first 0 in 9).
-  cudaGraphInstantiateParams params{};
-  params.flags = cudaGraphInstantiateFlagUpload;
-  params.uploadStream = upload_.stream;
   cudaGraphExec_t exec = nullptr;
   try {
     if (collectives_ != nullptr) collectives_->around_graph_instantiate(false);
@@ -527,25 +529,40 @@ Backend::Graph CudaBackend::end_graph(Stream stream) {
     cudaGraphDestroy(graph);
     throw;
   }
-  const cudaError_t error = cudaGraphInstantiateWithParams(&exec, graph, &params);
+  // The upload stream is created at the first recording, not with the backend: on the one-GPU rig
+  // each stream created takes the next of the device's hardware queues in turn (docs/remat.md), and
+  // an eager-only backend needs none.
+  const char* what = "cudaStreamCreateWithFlags (graph uploads)";
+  cudaError_t error =
+      upload_.stream == nullptr ? cudaStreamCreateWithFlags(&upload_.stream, cudaStreamNonBlocking) : cudaSuccess;
+  if (error == cudaSuccess) {
+    cudaGraphInstantiateParams params{};
+    params.flags = cudaGraphInstantiateFlagUpload;
+    params.uploadStream = upload_.stream;
+    what = "cudaGraphInstantiateWithParams (fill graph)";
+    error = cudaGraphInstantiateWithParams(&exec, graph, &params);
+  }
+  if (error == cudaSuccess) {
+    what = "cudaStreamSynchronize (fill graph upload)";
+    error = cudaStreamSynchronize(upload_.stream);
+  }
   cudaGraphDestroy(graph);
-  const cudaError_t uploaded = error == cudaSuccess ? cudaStreamSynchronize(upload_.stream) : error;
   try {
     if (collectives_ != nullptr) collectives_->around_graph_instantiate(true);  // also after a failure
   } catch (...) {
-    if (error == cudaSuccess) cudaGraphExecDestroy(exec);
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
     throw;
   }
-  check(error, "cudaGraphInstantiateWithParams (fill graph)");
-  if (uploaded != cudaSuccess) {
-    cudaGraphExecDestroy(exec);
-    check(uploaded, "cudaStreamSynchronize (fill graph upload)");
+  if (error != cudaSuccess) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    check(error, what);
   }
   graphs_.emplace(++next_graph_, exec);
   return next_graph_;
 }
 
 void CudaBackend::abort_graph(Stream stream) noexcept {
+  forget_capture(on(stream));
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(on(stream), &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
   cudaGraph_t graph = nullptr;

@@ -173,6 +173,7 @@ class CudaBackend : public Backend {
   const Live& live(Event id) const;
   // The id of the capture `stream` is part of, 0 if none; remembered within a call.
   unsigned long long capture_id(cudaStream_t stream);
+  void forget_capture(cudaStream_t stream) noexcept;  // drops the memo of `stream`
 
   int device_;
   std::vector<CudaGroup> groups_;  // validated before streams_ and events_ touch CUDA

@@ -174,7 +174,8 @@ class Backend {
   // While a CallScope lives (the runtime opens one per public call), the backend may remember
   // per-stream state it would otherwise query on every operation: the CUDA backend reads each
   // stream's graph-capture status once. Only the user changes that state, between calls; the
-  // backend itself tracks the one change it makes (a wait that forks a stream into a capture).
+  // backend itself tracks the changes it makes (a wait that forks a stream into a capture, and a
+  // fill graph's recording beginning and ending).
   class CallScope {
    public:
     explicit CallScope(Backend& backend) : backend_(backend) {

@@ -1,8 +1,9 @@
 // Fill graphs on the CUDA backend over a size-1 NCCL group: the twelve quantized reference weights,
 // one key each, prefetched at depth 2 with each fill captured once from the gather stream and then
 // launched as one cudaGraphLaunch. Every weight of every step equals the CPU reference bit for bit,
-// later steps record nothing new, and a recording that fails (an aborted communicator) ends its
-// capture, so the stream stays usable. Skips without a GPU.
+// later steps record nothing new, a recording that fails (an aborted communicator) ends its capture,
+// so the stream stays usable, and a stream's capture status is right after a recording within a
+// call. Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -147,6 +148,35 @@ TEST(CudaFillGraphs, AFailedRecordingEndsItsCapture) {
   EXPECT_EQ(cudaStreamSynchronize(side), cudaSuccess);
   cudaFree(scratch);
   cudaStreamDestroy(stream);
+}
+
+// Within one call, a stream asked about while a fill graph records on it (check_fill_tags asks, at
+// G > 1) is not taken for capturing once the recording has ended. Before, the call's memo kept
+// "capturing", later waits in the call were dropped as if inside a capture, and every fill graph on
+// the one-GPU rig returned wrong data.
+TEST(CudaFillGraphs, AStreamIsNotCapturingOnceItsRecordingEndedWithinACall) {
+  std::string why;
+  if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  SizeOneGroup group;
+  CudaBackend backend(0, group.groups(), milliseconds(30000));
+  const Stream side = backend.side_stream(0, Role::kGather);
+  void* scratch = backend.allocate(256);
+  {
+    Backend::CallScope call(backend);
+    EXPECT_FALSE(backend.capturing(side));
+    backend.begin_graph(side);
+    EXPECT_TRUE(backend.capturing(side));
+    backend.fill(side, scratch, 0x5A, 256);
+    const Backend::Graph graph = backend.end_graph(side);
+    EXPECT_FALSE(backend.capturing(side));
+    backend.launch_graph(graph, side);
+    backend.destroy_graph(graph);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(static_cast<cudaStream_t>(side)), cudaSuccess);
+  unsigned char byte = 0;
+  ASSERT_EQ(cudaMemcpy(&byte, scratch, 1, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(byte, 0x5A);
+  backend.deallocate(scratch, 256);
 }
 
 }  // namespace

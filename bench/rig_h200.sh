@@ -13,8 +13,8 @@
 #                                   current grad_buffer order against the old one (rs-wait), one run
 #   fill_tag_rig                    fill_tag_rig_bench: host time per call at G = 1, 2, 4 (eager fills,
 #                                   one rig all-gather; the fill-graph launches in fill_tag_rig_graphs,
-#                                   after the eager steps: they may stall at G >= 2, bounded by the
-#                                   rig's 30 s spin timeout). A test transport's figures, not NCCL's
+#                                   after the eager steps, a stall bounded by the rig's 30 s spin
+#                                   timeout). A test transport's figures, not NCCL's
 #   rig_runtime_host                the runtime test's eager cases at G = 2, 4, 8 with host-rendezvous
 #                                   flags (GTP_RIG_FLAGS=host: what the sanitizer steps use)
 #   rig_diverge_host                the divergence test's eager cases, host-rendezvous flags
@@ -89,7 +89,7 @@ done
 step 60 overlap_rig_g8 $bin/gtp-overlap-bench-rig --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
   --depths 1 --iters 10 --warmup 3 --json "$work/overlap_rig_bench_g8.json"
 grep -E "^(rs-wait|current)" "$work/overlap_rig_g8.log" 2>/dev/null
-for g in 2 4; do  # fill graphs on the rig may stall at G >= 2 (docs/remat.md): each G in its own process
+for g in 2 4; do  # each G in its own process: a stall's trap would fail every later case in one
   step 60 "rig_diverge_graphs_g$g" $bin/one_gpu_rig_diverge_test --gtest_filter="*FillGraph*G$g"
 done
 step 120 fill_tag_rig_graphs $bin/fill_tag_rig_bench --cases fill_graph --json "$work/fill_tag_rig_bench_graphs.json"

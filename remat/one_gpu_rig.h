@@ -2,7 +2,7 @@
 // CUDA backend's multi-rank paths (reduce-scatters, padding-only ranks, the pooled grads, fill graphs
 // and captures with real peers) run, under compute-sanitizer too, on a machine with a single GPU.
 // NCCL stays the only production transport: nothing outside tests and the overlap benchmark's rig
-// mode builds one (docs/remat.md, "One-GPU rig").
+// mode builds one (docs/rig.md).
 //
 // Each rank owns a CudaBackend (its own streams, events and device buffers) built with
 // `transport(rank)`. A collective is enqueued on the calling rank's stream only, as NCCL's:

@@ -9,14 +9,18 @@
 #   3. gtp-overlap-bench with G = N under gtp-launch --bootstrap ucx (B = 1);
 #   4. train_gpt.py with G = N on the CUDA backend (GTP off vs every wire), then the BF16 run's
 #      checkpoint re-sharded and resumed at G = N/2;
-#   5. extras while time is left: train_gpt.py with fill graphs (BF16, FP8: the fills recorded and
+#   5. the GPU tests' two-GPU cases, which skip on one GPU (real NCCL peers, two ranks): the fill-tag
+#      check with ranks that gather different weights (cuda_fill_tags_test), a failure inside a
+#      collective on one rank (cuda_failure_test), communicator pairs that differ (cuda_backend_test,
+#      nccl_test), and fill_tag_cuda_bench's G = 2 row;
+#   6. extras while time is left: train_gpt.py with fill graphs (BF16, FP8: the fills recorded and
 #      launched as CUDA graphs over N ranks, NCCL's rule for captured collectives across GPUs);
 #      gtp-overlap-bench with 4 microbatches; all_gather and reduce_scatter
 #      over gtp_remat groups of size N/2 (N >= 4: a TP 2 profile); every --format checked bit-exact
 #      against the CPU reference (-c 1, small sizes).
 # Then bench/multi_gpu_summary.py prints the tables against the targets. Everything lands in
 # $OUT/multi_gpu_results.tgz. Binaries come from tools/stage-gpu.sh (.carry/); torch from the machine.
-#   bash bench/multi_gpu_h200.sh [all|collectives|peer|overlap|train|extras]   (default all)
+#   bash bench/multi_gpu_h200.sh [all|collectives|peer|overlap|train|pairs|extras]   (default all)
 #   bash bench/multi_gpu_h200.sh profile N TP PATH   (writes the grid profile the sweeps use; no GPU)
 # GTP_DEADLINE (seconds, default 540): steps that would run past it are cut or skipped (named in the
 # output: run them with a second call, e.g. `bash bench/multi_gpu_h200.sh train`). GTP_COMMIT goes
@@ -40,8 +44,8 @@ if [ "$what" = profile ]; then
   write_profile "$2" "$3" "$4"
   exit
 fi
-case $what in all | collectives | peer | overlap | train | extras) ;; *)
-  echo "multi_gpu_h200.sh: unknown step '$what'; use all, collectives, peer, overlap, train, extras or profile" >&2
+case $what in all | collectives | peer | overlap | train | pairs | extras) ;; *)
+  echo "multi_gpu_h200.sh: unknown step '$what'; use all, collectives, peer, overlap, train, pairs, extras or profile" >&2
   exit 2 ;;
 esac
 
@@ -120,6 +124,15 @@ fi
 if wants train; then
   timed 200 train_gpt_g$n python3 bindings/python/examples/train_gpt.py --ranks "$n" --backend cuda --steps 50 \
     --reshard-to "$half" --reshard-steps 10 --json "$work/train_gpt_g$n.json"
+fi
+if wants pairs; then  # one process driving two GPUs (the tests' own two-rank setups)
+  for t in cuda_fill_tags_test cuda_failure_test cuda_backend_test nccl_test; do
+    if [ ! -x "$bin/$t" ]; then echo "== $t: not in $bin (run tools/stage-gpu.sh)"; continue; fi
+    timed 90 "${t}_pair" env CUDA_VISIBLE_DEVICES=0,1 "$bin/$t"
+    grep -E '^\[  (PASSED|FAILED|SKIPPED) +\]' "$work/${t}_pair.log" | head -n 4
+  done
+  timed 60 fill_tag_cuda_bench_pair env CUDA_VISIBLE_DEVICES=0,1 "$bin/fill_tag_cuda_bench"
+  grep -E '^\{' "$work/fill_tag_cuda_bench_pair.log"
 fi
 if wants extras; then
   timed 120 train_gpt_fill_graphs_g$n python3 bindings/python/examples/train_gpt.py --ranks "$n" --backend cuda \

@@ -3,16 +3,7 @@
 # the fix; a valid command line with no CUDA device (hidden by CUDA_VISIBLE_DEVICES) exits 2.
 set -u
 bench=$1
-fail() { echo "FAIL: $*"; exit 1; }
-
-expect() {  # expect CODE PATTERN ARGS...: runs the bench, checks the exit code and a line of its output
-  local code=$1 pattern=$2; shift 2
-  local out rc
-  out=$(CUDA_VISIBLE_DEVICES= "$bench" "$@" 2>&1); rc=$?
-  [ "$rc" = "$code" ] || fail "'$*' exited $rc, expected $code; output: $out"
-  grep -q -- "$pattern" <<< "$out" || fail "'$*' output lacks '$pattern': $out"
-  echo "ok: '$*' -> $rc"
-}
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/bench/exit_test_lib.sh"  # fail, expect
 
 expect 0 "usage: gtp-overlap-bench" --help
 expect 1 "--n 1000 is not a multiple of 32" --n 1000

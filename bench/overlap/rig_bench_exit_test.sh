@@ -3,16 +3,7 @@
 # valid command line with no CUDA device (hidden by CUDA_VISIBLE_DEVICES) exits 2.
 set -u
 bench=$1
-fail() { echo "FAIL: $*"; exit 1; }
-
-expect() {  # expect CODE PATTERN ARGS...
-  local code=$1 pattern=$2; shift 2
-  local out rc
-  out=$(CUDA_VISIBLE_DEVICES= "$bench" "$@" 2>&1); rc=$?
-  [ "$rc" = "$code" ] || fail "'$*' exited $rc, expected $code; output: $out"
-  grep -q -- "$pattern" <<< "$out" || fail "'$*' output lacks '$pattern': $out"
-  echo "ok: '$*' -> $rc"
-}
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/bench/exit_test_lib.sh"  # fail, expect
 
 expect 0 "usage: gtp-overlap-bench-rig" --help
 expect 1 "--ranks '9' is not a whole number in 2..8" --ranks 9

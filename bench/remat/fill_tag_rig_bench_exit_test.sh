@@ -4,16 +4,7 @@
 # writes a JSON that says why.
 set -u
 bench=$1
-fail() { echo "FAIL: $*"; exit 1; }
-
-expect() {  # expect CODE PATTERN ARGS...
-  local code=$1 pattern=$2; shift 2
-  local out rc
-  out=$(CUDA_VISIBLE_DEVICES= "$bench" "$@" 2>&1); rc=$?
-  [ "$rc" = "$code" ] || fail "'$*' exited $rc, expected $code; output: $out"
-  grep -q -- "$pattern" <<< "$out" || fail "'$*' output lacks '$pattern': $out"
-  echo "ok: '$*' -> $rc"
-}
+source "${TEST_SRCDIR}/${TEST_WORKSPACE}/bench/exit_test_lib.sh"  # fail, expect
 
 expect 0 "usage: fill_tag_rig_bench" --help
 expect 1 "--ranks '9' is not a whole number in 1..8" --ranks 1,9

@@ -308,6 +308,20 @@ class FakePeer : public DeviceCollectives {
   int logged_ = 0;
 };
 
+// The runtime's check where tags differ (the verdict is what these tests look at).
+const Backend::FillTagCheck kThrowOnMismatch = [](int, const FillTag*, int, const char*) {
+  throw std::runtime_error("the ranks' fill tags differ");
+};
+
+// One fill of group 0 as the runtime enqueues it: the tag, one gather of `bytes`, the launch.
+void fill_of(CudaBackend& backend, Stream stream, std::uint64_t weights, const void* send, void* recv,
+             std::int64_t bytes) {
+  Backend::CollectiveBatch batch(backend);
+  backend.check_fill_tags(stream, 0, tag_of(weights), &kThrowOnMismatch);
+  backend.all_gather(stream, 0, send, recv, bytes);
+  batch.launch();
+}
+
 // Through the backend on one GPU: a fill of three gathers, the first two back to back (one poison
 // region), the third after a gap. Matching tags leave the gathered bytes as gathered; a peer with
 // another tag gets every gathered byte set to 0xFF, the gap left alone, and the next call throws.
@@ -384,16 +398,8 @@ TEST(CudaFillTags, ThroughTheBackendEveryEagerFillGathersTheTagItCopied) {
   char* recv = static_cast<char*>(backend.allocate(2 * kChunk));
   char* send = static_cast<char*>(backend.allocate(kChunk));
   must(cudaMemset(send, 0x11, kChunk));
-  const Backend::FillTagCheck check = [](int, const FillTag*, int, const char*) {
-    throw std::runtime_error("the ranks' fill tags differ");
-  };
   int fills = 0;
-  const auto fill = [&] {
-    Backend::CollectiveBatch batch(backend);
-    backend.check_fill_tags(stream, 0, tag_of(5000 + static_cast<std::uint64_t>(fills++)), &check);
-    backend.all_gather(stream, 0, send, recv, kChunk);
-    batch.launch();
-  };
+  const auto fill = [&] { fill_of(backend, stream, 5000 + static_cast<std::uint64_t>(fills++), send, recv, kChunk); };
   const CudaFillTags::Writes before = backend.fill_tags().writes();
   {
     Gate gate(s);
@@ -432,15 +438,12 @@ TEST(CudaFillTags, ThroughTheBackendACancelledBatchReleasesItsSlotByAnEvent) {
   bool peer_differs = false;
   CudaBackend backend(0, std::make_unique<FakePeer>(&peer_differs));
   const Stream stream = backend.side_stream(0, Role::kGather);
-  const Backend::FillTagCheck check = [](int, const FillTag*, int, const char*) {
-    throw std::runtime_error("the ranks' fill tags differ");
-  };
   char* buffer = static_cast<char*>(backend.allocate(512));
   const std::uint64_t copied = backend.fill_tags().writes().copied;
   EXPECT_THROW(
       {
         Backend::CollectiveBatch batch(backend);
-        backend.check_fill_tags(stream, 0, tag_of(1), &check);
+        backend.check_fill_tags(stream, 0, tag_of(1), &kThrowOnMismatch);
         backend.all_gather(stream, 7, buffer, buffer + 256, 128);  // no group 7
         batch.launch();
       },
@@ -450,17 +453,14 @@ TEST(CudaFillTags, ThroughTheBackendACancelledBatchReleasesItsSlotByAnEvent) {
   EXPECT_THROW(
       {
         Backend::CollectiveBatch batch(backend);
-        backend.check_fill_tags(stream, 7, tag_of(1), &check);
+        backend.check_fill_tags(stream, 7, tag_of(1), &kThrowOnMismatch);
       },
       std::invalid_argument)
       << "an unknown group is refused before any tag is written";
   EXPECT_EQ(backend.fill_tags().writes().copied, copied + 1);
   must(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   for (int k = 0; k < CudaFillTags::kRingSlots + 1; ++k) {  // a lap: the abandoned slot comes round again
-    Backend::CollectiveBatch batch(backend);
-    backend.check_fill_tags(stream, 0, tag_of(2), &check);
-    backend.all_gather(stream, 0, buffer, buffer + 256, 128);
-    batch.launch();
+    fill_of(backend, stream, 2, buffer, buffer + 256, 128);
     must(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   }
   EXPECT_EQ(backend.fill_tags().writes().copied, copied + 2 + CudaFillTags::kRingSlots);
@@ -487,15 +487,7 @@ TEST(CudaFillTags, ThroughTheBackendACapturedFillReplaysTheTagItWasRecordedWith)
   char* recv = static_cast<char*>(backend.allocate(2 * kChunk));
   char* send = static_cast<char*>(backend.allocate(kChunk));
   must(cudaMemset(send, 0x11, kChunk));
-  const Backend::FillTagCheck check = [](int, const FillTag*, int, const char*) {
-    throw std::runtime_error("the ranks' fill tags differ");
-  };
-  const auto fill = [&](std::uint64_t weights) {
-    Backend::CollectiveBatch batch(backend);
-    backend.check_fill_tags(stream, 0, tag_of(weights), &check);
-    backend.all_gather(stream, 0, send, recv, kChunk);
-    batch.launch();
-  };
+  const auto fill = [&](std::uint64_t weights) { fill_of(backend, stream, weights, send, recv, kChunk); };
   fill(1);  // eager, before the recording: slot 0 holds tag 1
   must(cudaStreamSynchronize(s));
   const CudaFillTags::Writes before = backend.fill_tags().writes();

@@ -42,6 +42,16 @@ FillTag tag_of(std::uint64_t weights) {
   return tag;
 }
 
+// A non-blocking stream, destroyed when the test leaves its scope (an ASSERT included).
+struct OwnedStream {
+  cudaStream_t stream = nullptr;
+  OwnedStream() { must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~OwnedStream() { cudaStreamDestroy(stream); }
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  operator cudaStream_t() const { return stream; }
+};
+
 // Regions of distinct sizes, filled with 0x11; more than one launch's worth.
 struct Regions {
   std::vector<PoisonRegion> list;
@@ -164,8 +174,7 @@ TEST(CudaFillTags, CopiedTagsAreWhatIsGatheredAndNoSlotIsReusedBeforeItsCopyRan)
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   constexpr int kSlots = 8, kOver = 5, kLaps = 3;
   CudaFillTags tags({2}, kSlots);
-  cudaStream_t stream = nullptr;
-  must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const OwnedStream stream;
   const TagLog log(kLaps * (kSlots + kOver));
   int index = 0;
   for (int lap = 0; lap < kLaps; ++lap) {
@@ -190,15 +199,13 @@ TEST(CudaFillTags, CopiedTagsAreWhatIsGatheredAndNoSlotIsReusedBeforeItsCopyRan)
   EXPECT_EQ(tags.found(), nullptr) << "every fill's check saw its own tag";
   EXPECT_EQ(tags.writes().abandoned, 0u);
   EXPECT_EQ(tags.ring().lost(), 0);
-  must(cudaStreamDestroy(stream));
 }
 
 TEST(CudaFillTags, ACopyWhoseCheckNeverRunsIsReleasedByItsEvent) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   CudaFillTags tags({2}, 2);
-  cudaStream_t stream = nullptr;
-  must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const OwnedStream stream;
   const TagLog log(4);
   {
     Gate gate(stream);
@@ -228,15 +235,13 @@ TEST(CudaFillTags, ACopyWhoseCheckNeverRunsIsReleasedByItsEvent) {
   const std::vector<FillTag> gathered = log.read();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gathered[i].weights, static_cast<std::uint64_t>(i == 3 ? 6 : i + 2));
   EXPECT_EQ(tags.found(), nullptr);
-  must(cudaStreamDestroy(stream));
 }
 
 TEST(CudaFillTags, CapturedWritesUseTheKernelAndCopyingOffToo) {
   std::string why;
   if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
   CudaFillTags tags({2}, 2);
-  cudaStream_t stream = nullptr;
-  must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const OwnedStream stream;
   const TagLog log(3);
   fill_with(tags, tag_of(1), stream, log, 0, /*captured=*/true);  // (the flag only: the backend's capture below)
   EXPECT_EQ(tags.pending.slot, -1);
@@ -251,7 +256,6 @@ TEST(CudaFillTags, CapturedWritesUseTheKernelAndCopyingOffToo) {
   const std::vector<FillTag> gathered = log.read();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered[i].weights, static_cast<std::uint64_t>(i + 1));
   EXPECT_EQ(tags.found(), nullptr);
-  must(cudaStreamDestroy(stream));
 }
 
 TEST(CudaFillTags, WriteKernelPutsTheTagOnTheDevice) {
@@ -555,8 +559,7 @@ TEST_P(TwoRanks, GatheringDifferentWeightsGivesNaNAndAnErrorAtTheNextCall) {
       desc.wire.format = GetParam();
       ids.push_back(runtime.register_weight(desc));
     }
-    cudaStream_t stream = nullptr;
-    must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const OwnedStream stream;
     runtime.shard_updated(ids.data(), 2, stream);
     const auto read = [&](void* ptr) {
       std::vector<std::uint16_t> out(kRows * kCols);
@@ -578,7 +581,6 @@ TEST_P(TwoRanks, GatheringDifferentWeightsGivesNaNAndAnErrorAtTheNextCall) {
       errors[rank] = e.what();
     }
     must(cudaStreamSynchronize(stream));
-    cudaStreamDestroy(stream);
     for (void* shard : shards) cudaFree(shard);
   }));
   for (const std::string& text : errors) {

@@ -318,77 +318,76 @@ std::vector<RankScript> part_of(int ranks, const std::vector<int>& steps, int od
   return out;
 }
 
+// Runs `s` on the rig and on the host backend and compares them; without a CUDA device the test
+// skips (the host backend's reference was checked first).
+void compare_or_skip(const Scenario& s) {
+  std::string why;
+  if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
+}
+
+// compare_or_skip for each wire of kWires.
+void compare_each_wire(Scenario s) {
+  for (const kernels::WireSpec& wire : kWires) {
+    s.wire = wire;
+    compare_or_skip(s);
+    if (::testing::Test::IsSkipped()) return;
+  }
+}
+
 class RigDiverge : public ::testing::TestWithParam<int> {};
 
 // (a) Rank 1 registers w1 before w0, then every rank materializes w0: the first fill diverges.
 TEST_P(RigDiverge, RegistrationInTheOppositeOrderFailsEveryRank) {
-  std::string why;
-  for (const kernels::WireSpec& wire : kWires) {
-    Scenario s;
-    s.ranks = GetParam();
-    s.wire = wire;
-    s.scripts = {part_of(s.ranks, {0}, 1, {0}, {1, 0})};
-    s.diverge = {0};
-    if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
-  }
+  Scenario s;
+  s.ranks = GetParam();
+  s.scripts = {part_of(s.ranks, {0}, 1, {0}, {1, 0})};
+  s.diverge = {0};
+  compare_each_wire(s);
 }
 
 // (b) Every rank materializes w0 (agreeing: the data is the host backend's), then rank 1 materializes
 // w1 while the others materialize w0.
 TEST_P(RigDiverge, AnotherWeightOnOneRankFailsEveryRank) {
-  std::string why;
-  for (const kernels::WireSpec& wire : kWires) {
-    Scenario s;
-    s.ranks = GetParam();
-    s.wire = wire;
-    s.scripts = {part_of(s.ranks, {0, 0}, 1, {0, 1})};
-    s.diverge = {1};
-    if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
-  }
+  Scenario s;
+  s.ranks = GetParam();
+  s.scripts = {part_of(s.ranks, {0, 0}, 1, {0, 1})};
+  s.diverge = {1};
+  compare_each_wire(s);
 }
 
 // (d) The control: the same calls with every rank agreeing pass, bit-identical to the host backend.
 TEST_P(RigDiverge, AgreeingRanksMatchTheHostBackend) {
-  std::string why;
-  for (const kernels::WireSpec& wire : kWires) {
-    Scenario s;
-    s.ranks = GetParam();
-    s.wire = wire;
-    s.scripts = {part_of(s.ranks, {0, 1, 0, 1})};
-    s.diverge = {-1};
-    if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
-  }
+  Scenario s;
+  s.ranks = GetParam();
+  s.scripts = {part_of(s.ranks, {0, 1, 0, 1})};
+  s.diverge = {-1};
+  compare_each_wire(s);
 }
 
 // Two parts of G ranks (two communicators of one backend group on one GPU): the first diverges as in
 // (b), the second agrees and keeps working past that point, bit-identical to the host backend.
 TEST_P(RigDiverge, AnAgreeingPartKeepsWorkingBesideADivergingOne) {
-  std::string why;
   Scenario s;
   s.ranks = GetParam();
   s.parts = 2;
   s.scripts = {part_of(s.ranks, {0, 0}, 1, {0, 1}), part_of(s.ranks, {0, 1, 0, 1, 0})};
   s.diverge = {1, -1};
-  if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
+  compare_or_skip(s);
 }
 
 // Fill graphs: w0 and w1 are recorded, w0 replayed, then rank 1 names w1 where the others replay w0's
 // graph: the check recorded in the graph runs at each launch. Captured collectives: not with
 // host-rendezvous flags.
 TEST_P(RigDiverge, FillGraphLaunchesRecheck) {
-  std::string why;
   if (testing::rig_flags_from_env() == OneGpuRig::Flags::kHostRendezvous) {
     GTEST_SKIP() << "GTP_RIG_FLAGS=host: host-rendezvous collectives cannot be captured into fill graphs";
   }
-  for (const kernels::WireSpec& wire : kWires) {
-    Scenario s;
-    s.ranks = GetParam();
-    s.wire = wire;
-    s.fill_graphs = 64;
-    s.scripts = {part_of(s.ranks, {0, 1, 0, 0}, 1, {0, 1, 0, 1})};
-    s.diverge = {3};
-    if (!compare(s, &why)) GTEST_SKIP() << "no CUDA device (the host backend's reference was checked): " << why;
-  }
+  Scenario s;
+  s.ranks = GetParam();
+  s.fill_graphs = 64;
+  s.scripts = {part_of(s.ranks, {0, 1, 0, 0}, 1, {0, 1, 0, 1})};
+  s.diverge = {3};
+  compare_each_wire(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RigDiverge, ::testing::Values(2, 4),

@@ -125,18 +125,25 @@ Nic parse_nic(const json& j, const std::string& path) {
   return nic;
 }
 
-// hwloc_bitmap_sscanf syntax: comma-separated 32-bit hex words, the first with "0x" (or "0xf...f" for
-// an infinite set); an empty word is zero.
-bool is_cpuset(const std::string& s) {
-  static const std::regex pattern("(0xf\\.\\.\\.f|0x[0-9a-fA-F]{1,8})(,(0x)?[0-9a-fA-F]{0,8})*");
-  return s.empty() || std::regex_match(s, pattern);
+// The host record's string syntaxes, compiled once under one static guard: compiling std::regex
+// writes libstdc++'s shared ctype cache, so two compiles must never run at once (ranks as threads
+// parse their records concurrently; ThreadSanitizer reported it).
+struct RecordPatterns {
+  // hwloc_bitmap_sscanf syntax: comma-separated 32-bit hex words, the first with "0x" (or "0xf...f"
+  // for an infinite set); an empty word is zero.
+  std::regex cpuset{"(0xf\\.\\.\\.f|0x[0-9a-fA-F]{1,8})(,(0x)?[0-9a-fA-F]{0,8})*"};
+  // dddd:bb:dd.f, lower case as CUDA and hwloc print it (the domain may be wider than 4 digits).
+  std::regex bus_id{"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]"};
+  std::regex cpu_package{"package:[0-9]+"};
+};
+
+const RecordPatterns& record_patterns() {
+  static const RecordPatterns patterns;
+  return patterns;
 }
 
-// dddd:bb:dd.f, lower case as CUDA and hwloc print it (the domain may be wider than 4 digits).
-bool is_bus_id(const std::string& s) {
-  static const std::regex pattern("[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]");
-  return std::regex_match(s, pattern);
-}
+bool is_cpuset(const std::string& s) { return s.empty() || std::regex_match(s, record_patterns().cpuset); }
+bool is_bus_id(const std::string& s) { return std::regex_match(s, record_patterns().bus_id); }
 
 // What parsing each record alone cannot see: repeats, malformed strings, domains without links.
 void check_host(const HostTopology& host, const std::string& path) {
@@ -192,7 +199,7 @@ void check_host(const HostTopology& host, const std::string& path) {
       if (link.peer_kind == "gpu" && !is_bus_id(link.peer)) {
         fail(where + "/peer", "'" + link.peer + "' is not a GPU bus id: write dddd:bb:dd.f in lower case");
       }
-      if (link.peer_kind == "cpu" && !std::regex_match(link.peer, std::regex("package:[0-9]+"))) {
+      if (link.peer_kind == "cpu" && !std::regex_match(link.peer, record_patterns().cpu_package)) {
         fail(where + "/peer", "'" + link.peer + "' is not a CPU package: write \"package:<os_index>\"");
       }
       const auto peer = domain_of_bus.find(link.peer);

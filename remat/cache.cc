@@ -168,6 +168,9 @@ void Cache::release(int index, Event event, Stream stream) {
   if (slot.keep) {
     slot.state = State::kKept;
   } else {
+    // Each consumer waited on the fill before its release: the next filler waits on the releases.
+    if (slot.ready != 0) backend_.forget(slot.ready);
+    slot.ready = 0;
     free_slot(slot);
   }
 }

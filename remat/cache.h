@@ -3,7 +3,7 @@
 // A slot is one backend allocation holding one materialize call's weights (gathered chunks, then the
 // unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
 // refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
-// consumer, tagged with its chain and position), Held (by consumers until each releases it) or Kept
+// consumer, tagged with its chain and position), Held (by consumers until each releases it: a key materialized again while held shares its slot) or Kept
 // (released, but kept gathered for a later materialize of the same weights: keep_gathered). A freed
 // slot keeps every consumer's release event (and the event of a fill nobody consumed); whoever refills
 // it first makes its filling stream wait on them, so reuse is ordered after every release on the device
@@ -58,8 +58,8 @@ class Cache {
     int consumers = 0;                     // Held
     bool keep = false;                     // Kept after its last release, not freed
     Stream filler = nullptr;               // the side stream that fills it (since the latest take)
-    Event ready = 0;                       // filler event after the fill (0: none pending; a kept
-                                           // slot keeps it for every later consumer to wait on)
+    Event ready = 0;                       // filler event after the fill, kept while the slot is
+                                           // Held or Kept for every later consumer to wait on
     std::vector<Event> releases;           // events the next filler waits on: consumers' releases,
                                            // an unconsumed fill, the poison fill
     std::vector<Stream> release_streams;   // while `keep`: the stream of each release (one per stream)

@@ -91,6 +91,7 @@ struct RuntimeStats {
   std::int64_t materializations = 0;
   std::int64_t prefetch_hits = 0;       // served from a slot gathered ahead
   std::int64_t kept_hits = 0;           // served from a slot kept gathered (GroupConfig::keep_gathered)
+  std::int64_t shared_hits = 0;         // served from the slot of a use not yet released (the same key)
   std::int64_t exposed_gathers = 0;     // gathered on demand (recording, mismatch, budget, first use)
   std::int64_t prefetches = 0;          // gathers issued ahead of their consumer
   std::int64_t prefetch_batches = 0;    // times prefetches went out (prefetches / this: keys per batch)
@@ -106,6 +107,7 @@ struct GroupStats {
   std::int64_t materializations = 0;
   std::int64_t prefetch_hits = 0;
   std::int64_t kept_hits = 0;
+  std::int64_t shared_hits = 0;
   std::int64_t exposed_gathers = 0;
   std::int64_t prefetches = 0;
   std::int64_t prefetch_batches = 0;

@@ -30,13 +30,22 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
                                   "' was never packed; call shard_updated on it (collectively) after register");
     }
   }
+  const int group = group_of(key);
+  Cache& cache = *caches_[group];
+  // A key a consumer still holds is shared with it (below): release names weights, not buffers, so two
+  // buffers for one key would leave it to chance which one a release frees while the caller reads it.
+  // One held from before a re-pack cannot serve the new shards, nor can a second buffer be taken.
+  const int held = cache.find_held(key);
+  if (held >= 0 && cache.slot(held).versions != versions(key) && !kept_current(key)) {
+    throw std::invalid_argument("materialize: weight '" + registry_.get(key.front()).desc.name + "'" +
+                                (key.size() > 1 ? " and the others listed are" : " is") +
+                                " still materialized from before a shard_updated; release that use first");
+  }
   const int c = chain_index(phase, chunk);
   head_deferred_ = false;  // the step began without the deferred head: it is gathered on demand
   join_capture(stream);
   const bool recording = chains_[c].recording();
   const Chain::Consume consumed = chains_[c].consume(key);
-  const int group = group_of(key);
-  Cache& cache = *caches_[group];
   follow_schedule(c, recording ? chains_[c].length() - 1 : consumed.position, group);
   // A chain first used after the schedule was recorded (say, recompute switched on) is not in it:
   // record the schedule again over the next step.
@@ -50,14 +59,18 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   // A key kept gathered is served from its slot, shared with any consumer still holding it; a
   // prefetch made for this consume before the key was kept (the recording step) is not needed.
   const bool kept = kept_current(key);
-  if (kept) {
+  const bool shared = !kept && held >= 0;
+  if (kept || shared) {
     if (index >= 0) cache.drop(index);
-    index = cache.find_kept(key);
+    index = kept ? cache.find_kept(key) : held;
   }
   const bool hit = index >= 0;
   if (kept) {
     ++stats_.kept_hits;
     ++group_stats_[group].kept_hits;
+  } else if (shared) {
+    ++stats_.shared_hits;
+    ++group_stats_[group].shared_hits;
   } else if (hit) {
     ++stats_.prefetch_hits;
     ++group_stats_[group].prefetch_hits;
@@ -70,23 +83,19 @@ std::vector<Materialized> Runtime::materialize_views(const WeightId* ids, std::i
   for (WeightId id : key) {
     WeightStats& w = weight_stats_[id];  // fill() sized it when the key was first gathered
     ++w.materializations;
-    if (!kept) ++(hit ? w.prefetch_hits : w.exposed_gathers);
+    if (!kept && !shared) ++(hit ? w.prefetch_hits : w.exposed_gathers);
   }
   Cache::Slot& slot = cache.slot(index);
   slot.state = Cache::State::kHeld;
   slot.chain = -1;
   slot.position = -1;
-  if (kept) {
+  if (kept || shared) {
     ++slot.consumers;
   } else {
     slot.consumers = 1;
     slot.keep = groups_[group].keep_gathered;
   }
-  backend_.wait(stream, slot.ready);
-  if (!slot.keep) {  // a kept slot keeps its fill's event for every later consumer to wait on
-    backend_.forget(slot.ready);
-    slot.ready = 0;
-  }
+  backend_.wait(stream, slot.ready);  // kept while the slot is held or kept: later consumers wait on it too
   ++stats_.materializations;
   ++group_stats_[group].materializations;
   active_chain_ = c;
@@ -112,8 +121,7 @@ void Runtime::release(const WeightId* ids, std::int64_t n, Stream stream, std::o
   const int index = cache.find_held(key);
   if (index < 0) {
     throw std::invalid_argument("release: weight '" + registry_.get(key.front()).desc.name + "'" +
-                                (key.size() > 1 ? " and the others listed" : "") +
-                                " are not materialized" + (layout ? " in the " + to_string(*layout) + " layout" : std::string()) +
+                                (key.size() > 1 ? " and the others listed are" : " is") + " not materialized" + (layout ? " in the " + to_string(*layout) + " layout" : std::string()) +
                                 " (a double release, or a release without materialize); "
                                 "release exactly the ids passed to materialize, once");
   }

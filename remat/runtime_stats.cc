@@ -64,7 +64,7 @@ std::string Runtime::stats_json() const {
   nlohmann::json j;
   j["backend"] = backend_.name();
   j["materialize"] = {{"calls", s.materializations}, {"prefetch_hits", s.prefetch_hits}, {"kept_hits", s.kept_hits},
-                      {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
+                      {"shared_hits", s.shared_hits},                       {"exposed_gathers", s.exposed_gathers}, {"prefetches", s.prefetches},
                       {"prefetch_batches", s.prefetch_batches}, {"stale_prefetches", s.stale_prefetches}};
   j["chains"] = {{"mismatches", s.chain_mismatches}, {"last_mismatch", s.last_mismatch},
                  {"schedule_entries", schedule_.size()}, {"schedule_mismatches", s.schedule_mismatches}};
@@ -80,7 +80,7 @@ std::string Runtime::stats_json() const {
                       {"fill_graphs_limit", group.config.fill_graphs}, {"fill_graphs", group.fill_graphs},
                       {"grads_into_main_grad", group.config.grads_into_main_grad},
                       {"graph_recordings", group.graph_recordings}, {"graph_fills", group.graph_fills},
-                      {"kept_hits", group.kept_hits},
+                      {"kept_hits", group.kept_hits}, {"shared_hits", group.shared_hits},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
                       {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},

@@ -40,7 +40,8 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
   // freeing the context under it would corrupt the heap. The context stays usable.
   const std::string refusal = enter_call(*ctx, "gtp_context_destroy", Access::kExclusive);
   if (!refusal.empty()) return guarded(nullptr, "gtp_context_destroy", [&] { throw StateError(refusal); });
-  const gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
+  // INVALID_STATE is kept for that refusal, so a caller can tell a context still there from a freed one.
+  gtp_status_t status = guarded(nullptr, "gtp_context_destroy", [&] {
     ctx->runtime.reset();
     ctx->backend.reset();
     ctx->nccl_reduce_scatter.clear();
@@ -49,6 +50,7 @@ gtp_status_t gtp_context_destroy(gtp_context_t* ctx) {
     ctx->host_comms.clear();
     ctx->group_bootstraps.clear();
   });
+  if (status == GTP_ERROR_INVALID_STATE) status = GTP_ERROR_SYSTEM;
   leave_call(*ctx);  // a thread still calling into the context after this uses a freed handle
   delete ctx;
   return status;

@@ -19,9 +19,23 @@ def integer(value, what, low, high):
     return int(value)
 
 
-def c_string(value, what):
-    """`value` encoded for a C string parameter: a NUL inside would silently cut what C reads."""
-    encoded = str(value).encode()
+def c_string(value, what, path=False):
+    """`value` for a C string parameter: bytes as they are, a str in UTF-8 (a path, str or os.PathLike,
+    in the file system's encoding, so a name os.listdir gave round-trips). A NUL inside would silently
+    cut what C reads; a str UTF-8 cannot carry (a lone surrogate) is refused naming the parameter."""
+    if path and isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, (bytes, bytearray)):
+        encoded = bytes(value)
+    elif isinstance(value, str):
+        try:
+            encoded = os.fsencode(value) if path else value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"{what}={value!r} cannot be encoded as UTF-8 (character {e.start} is "
+                             f"{value[e.start]!r}, a lone surrogate): pass valid text") from None
+    else:
+        raise TypeError(f"{what}={value!r} is a {type(value).__name__}; pass a str"
+                        + (", bytes or os.PathLike" if path else " or bytes"))
     nul = encoded.find(b"\0")
     if nul >= 0:
         raise ValueError(f"{what} has a NUL byte at offset {nul}: C would read only what precedes it; remove it")

@@ -77,7 +77,7 @@ BROADCAST_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_
                                                     ctypes.c_int32, ctypes.c_int64), BOOTSTRAP_ERROR)
 BARRIER_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int64), BOOTSTRAP_ERROR)
 # Returns const char*: declared c_void_p so the callee keeps ownership of a buffer we keep alive.
-LAST_ERROR_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+LAST_ERROR_FN = _error_on_exception(ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p), None)  # raising: no text
 GRAD_READY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, gtp_weight_t)
 
 

@@ -222,9 +222,10 @@ class Context:
         # Each collective's deadline (gtp_context_check); None: timeout_s.
         config.call_timeout_ms = 0 if call_timeout_s is None else _milliseconds(call_timeout_s, "call_timeout_s")
         config.backend = _choice(BACKENDS, backend, "backend")
-        self._profile = [None if p is None else c_string(p, what)
+        self._profile = [None if p is None else c_string(p, what, path=what == "profile_path")
                          for p, what in ((profile_json, "profile_json"), (profile_path, "profile_path"))]
-        profile_text = str(profile_json) if profile_json is not None else read_profile(profile_path)
+        profile_text = (self._profile[0].decode("utf-8", errors="replace") if profile_json is not None
+                        else read_profile(profile_path))
         config.profile_json, config.profile_path = self._profile
         config.prefetch_depth = (_lib.FROM_PROFILE if prefetch_depth is None
                                  else _integer(prefetch_depth, "prefetch_depth", 0, _lib.MAX_DEPTH))
@@ -260,9 +261,11 @@ class Context:
         """Destroys the context (collective). Its weights become stale. Safe to call twice."""
         if self._handle is None:
             return
-        handle, self._handle = self._handle, None
-        self._weights.clear()
-        check(self._lib.gtp_context_destroy(handle), None)
+        status = self._lib.gtp_context_destroy(self._handle)
+        if status != _lib.ERROR_INVALID_STATE:  # INVALID_STATE: refused (a call in progress), the context is whole
+            self._handle = None
+            self._weights.clear()
+        check(status, None)
 
     def abort(self):
         self._call("gtp_context_abort")
@@ -429,7 +432,8 @@ class Context:
             desc.expert_leader = ctypes.pointer(leader)
         handle = _lib.gtp_weight_t()
         self._call("gtp_weight_register", ctypes.byref(desc), ctypes.byref(handle))
-        weight = Weight(self, handle, name, rows, cols, wire, group, geometry, keep, bool(nvfp4_2d), mx_rounding)
+        weight = Weight(self, handle, encoded.decode("utf-8"), rows, cols, wire, group, geometry, keep,
+                        bool(nvfp4_2d), mx_rounding)
         self._weights[weight.key] = weight
         if expert_leader is not None:
             expert_leader.experts.append(weight)

@@ -129,3 +129,69 @@ def test_a_monitoring_thread_reads_stats_while_the_context_works(tmp_path):
         assert not errors, errors
         assert reads and reads == sorted(reads)
         assert ctx.stats()["materialize"]["calls"] == 300
+
+
+def test_names_and_paths_as_bytes_or_paths_reach_c_unmangled(tmp_path):
+    path = tmp_path / "profile.json"
+    path.write_text(profile({"gtp_remat": {"wire_format": "fp8"}}))
+    for given in (path, str(path).encode(), profile({"gtp_remat": {"wire_format": "fp8"}}).encode()):
+        kwargs = {"profile_json": given} if isinstance(given, bytes) and given.startswith(b"{") else {
+            "profile_path": given}
+        with one_rank(tmp_path, **kwargs) as ctx:
+            assert ctx.group_wire() == "fp8", given
+            w = ctx.register(b"fc1", np.zeros((16, 16), np.float32), 16, 16)
+            ctx.shard_updated([w])
+            ctx.materialize([w])
+            ctx.release([w])
+            assert w.name == "fc1" and [x["name"] for x in ctx.stats()["weights"]] == ["fc1"], ctx.stats()
+            with pytest.raises(gtp.InvalidArgumentError, match=r"name is not valid UTF-8 \(byte 1 of 2"):
+                ctx.register(b"x\xff", np.zeros((16, 16), np.float32), 16, 16)
+            with pytest.raises(ValueError, match=r"name='w\\udcff' cannot be encoded as UTF-8 \(character 1"):
+                ctx.register("w\udcff", np.zeros((16, 16), np.float32), 16, 16)
+            with pytest.raises(TypeError, match=r"name=3 is a int; pass a str or bytes"):
+                ctx.register(3, np.zeros((16, 16), np.float32), 16, 16)
+
+
+def test_a_raising_last_error_callback_is_no_text_not_a_crash():
+    def raising(*_args):
+        raise RuntimeError("the store is gone")
+
+    assert _lib.LAST_ERROR_FN(raising)(None) is None
+    fns = [_lib.ALLGATHER_FN(raising), _lib.BROADCAST_FN(raising), _lib.BARRIER_FN(raising),
+           _lib.LAST_ERROR_FN(raising)]
+    vtable = _lib.gtp_bootstrap_callbacks_t(ctypes.sizeof(_lib.gtp_bootstrap_callbacks_t),
+                                            _lib.BOOTSTRAP_CALLBACKS_VERSION, 0, 2, None, *fns)
+    config = _lib.gtp_context_config_t()
+    config.struct_size = ctypes.sizeof(config)
+    config.header_version = _lib.HEADER_VERSION
+    config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
+    config.callbacks = ctypes.pointer(vtable)
+    config.timeout_ms = 5000
+    config.prefetch_depth = config.memory_budget_bytes = _lib.FROM_PROFILE
+    handle = ctypes.c_void_p()
+    status = _lib.lib().gtp_context_create(ctypes.byref(config), ctypes.byref(handle))
+    assert status == _lib.ERROR_SYSTEM, _lib.lib().gtp_last_error(None)
+    assert b"bootstrap callback" in _lib.lib().gtp_last_error(None)
+
+
+def test_close_refused_inside_grad_ready_keeps_the_context(tmp_path):
+    refusals = []
+
+    def ready(_weight):
+        try:
+            ctx.close()
+        except gtp.InvalidStateError as e:
+            refusals.append(str(e))
+            raise
+
+    ctx = one_rank(tmp_path, grad_ready=ready)
+    w = ctx.register("w", np.zeros((16, 16), np.float32), 16, 16, main_grad=np.zeros((16, 16), np.float32))
+    ctx.shard_updated([w])
+    ctx.grad_buffer_array(w)[:] += 1.0
+    ctx.finalize([w])
+    with pytest.raises(gtp.InvalidStateError, match="gtp_context_destroy was called from inside gtp_drain"):
+        ctx.drain()
+    assert len(refusals) == 1 and not ctx.closed
+    assert ctx.stats()["grads"]["grads_ready"] == 1  # still usable
+    ctx.close()
+    assert ctx.closed

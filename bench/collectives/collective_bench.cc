@@ -173,6 +173,43 @@ std::vector<SweepPoint> sweep(const BenchOptions& options, int ranks) {
   return points;
 }
 
+std::size_t host_bytes_per_rank(const BenchOptions& options, int ranks) {
+  std::size_t largest = 0;
+  for (const SweepPoint& point : sweep(options, ranks)) largest = std::max(largest, point.size);
+  return (options.format ? 4 : 2) * largest;
+}
+
+namespace {
+std::string gib(std::size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+}  // namespace
+
+void check_host_memory(const BenchOptions& options, int ranks, std::size_t available) {
+  const std::size_t needed = host_bytes_per_rank(options, ranks);
+  if (available == 0 || needed <= available) return;
+  throw std::invalid_argument("-e " + std::to_string(options.max_bytes) + " needs about " + gib(needed) +
+                              " of host memory per rank (its buffers at the largest size), but this host has " +
+                              gib(available) + " available: pass a smaller -e (and -b)");
+}
+
+std::size_t available_host_bytes() {
+  if (std::FILE* meminfo = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof(line), meminfo) != nullptr) {
+      found = std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    }
+    std::fclose(meminfo);
+    if (found) return static_cast<std::size_t>(kib) * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+}
+
 std::vector<unsigned char> make_input(const BenchOptions& options, const SweepPoint& point, int rank) {
   const bool gather = options.collective == Collective::kAllGather;
   std::vector<unsigned char> input(gather ? point.per_rank_count * type_size(options.type) : point.size);

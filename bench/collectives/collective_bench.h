@@ -64,6 +64,15 @@ struct SweepPoint {
   std::size_t per_rank_count;
 };
 std::vector<SweepPoint> sweep(const BenchOptions& options, int ranks);
+
+// Host memory one rank's sweep needs at its largest size: its input and output (and for --format the
+// BF16 reference the check decodes against, and its wire chunks).
+std::size_t host_bytes_per_rank(const BenchOptions& options, int ranks);
+// Throws std::invalid_argument naming -e and the sizes when one rank needs more than `available`
+// bytes: checked up front, instead of std::bad_alloc (or the OOM killer) mid-sweep.
+void check_host_memory(const BenchOptions& options, int ranks, std::size_t available);
+// MemAvailable of /proc/meminfo (else free pages); 0 when unknown (then nothing is checked).
+std::size_t available_host_bytes();
 std::size_t type_size(comm::HostDataType type);
 
 // This rank's input for `point` (its shard for all-gather, its full input for reduce-scatter):

@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -82,6 +86,23 @@ TEST(CollectiveBench, RefusesSizesAndCountsThatAreNotWholeNumbersInRange) {
     EXPECT_THROW(parse_bench_args({"all_gather", "-n", text}), std::invalid_argument) << text;
   }
   EXPECT_THROW(parse_bench_args({"all_gather", "-e", "1e30"}), std::invalid_argument);
+}
+
+TEST(CollectiveBench, HostMemoryIsCheckedBeforeTheSweepNamingMinusE) {
+  BenchOptions options = parse_bench_args({"all_gather", "-b", "1M", "-e", "64M"});
+  EXPECT_EQ(host_bytes_per_rank(options, 4), std::size_t{128} << 20);  // input + output at 64 MiB
+  EXPECT_NO_THROW(check_host_memory(options, 4, std::size_t{128} << 20));
+  EXPECT_NO_THROW(check_host_memory(options, 4, 0));  // unknown: not checked
+  try {
+    check_host_memory(options, 4, std::size_t{100} << 20);
+    ADD_FAILURE() << "128 MiB fit in 100";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("-e 67108864 needs about 0.1 GiB"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pass a smaller -e"), std::string::npos) << e.what();
+  }
+  options.format = kernels::WireFormat::kFP8;
+  EXPECT_EQ(host_bytes_per_rank(options, 4), std::size_t{256} << 20);
+  EXPECT_GT(available_host_bytes(), 0u);
 }
 
 TEST(CollectiveBench, ParsesGroupProfileAndFormat) {
@@ -253,6 +274,9 @@ TEST(CollectiveBench, FourRanksRunOnTheirGtpRematGroups) {
 // Bad flags and a profile of the wrong size: exit status 2 and a message naming the flag.
 TEST(CollectiveBench, BadFlagsAndMismatchedProfilesExitWith2) {
   const std::string profile = write_profile("mismatch.json", 4, 1, 1);
+  const std::string fifo = tmp_path("bench_fifo.json");
+  std::remove(fifo.c_str());
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
   const std::vector<std::pair<std::string, std::string>> cases = {
       {g_bench + " all_gather --format int4", "--format int4"},
       {g_bench + " reduce_scatter --format fp8", "--format applies to all_gather only"},
@@ -269,6 +293,11 @@ TEST(CollectiveBench, BadFlagsAndMismatchedProfilesExitWith2) {
       // Checked before the run: it used to exit 0 after the sweep without writing anything.
       {g_launcher + " -n 1 --timeout 60 -- " + g_bench + " all_gather -b 1K -e 1K --json /nonexistent/dir/x.json",
        "--json /nonexistent/dir/x.json: cannot open for writing"},
+      // Opening a FIFO for writing blocked until a reader came (run_shell would hang here).
+      {g_launcher + " -n 1 --timeout 60 -- " + g_bench + " all_gather -b 1K -e 1K --json " + fifo, "exists and is not a regular file (a FIFO"},
+      {g_launcher + " -n 1 --timeout 60 -- " + g_bench + " all_gather -b 1K -e 1K --json " + tmp_path(""), "is not a regular file"},
+      // The documented maximum: std::bad_alloc, without a word on which flag, mid-sweep.
+      {g_launcher + " -n 1 --timeout 60 -- " + g_bench + " all_gather -b 1024G -e 1024G", "-e 1099511627776 needs about 2048.0 GiB of host memory per rank"},
   };
   for (const auto& [command, message] : cases) {
     const auto result = comm::internal::run_shell(command);

@@ -3,12 +3,14 @@
 //   tools/gtp-launch -n 4 -- bazel-bin/bench/collectives/gtp-bench all_gather -b 1M -e 64M -f 4
 // GPU path (NCCL) when a CUDA device is present, else the host transport; the header says which.
 #include <nccl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,6 +49,13 @@ int main(int argc, char** argv) {
     options = bench::parse_bench_args(std::vector<std::string>(argv + 1, argv + argc));
     config = comm::UcxBootstrapConfig::from_env();
     groups = bench::resolve_groups(options, config.world_size);
+    bench::check_host_memory(options, groups.group_size, bench::available_host_bytes());
+    struct stat target {};
+    if (!options.json_path.empty() && stat(options.json_path.c_str(), &target) == 0 && !S_ISREG(target.st_mode)) {
+      // Opening a FIFO for writing would block until a reader comes; a directory cannot be written.
+      throw std::invalid_argument("--json " + options.json_path +
+                                  " exists and is not a regular file (a FIFO, device or directory): pass a file path");
+    }
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "gtp-bench: %s\n", e.what());
     return 2;
@@ -98,6 +107,10 @@ int main(int argc, char** argv) {
     bool any_wrong = false;
     for (const bench::BenchRow& row : rows) any_wrong |= row.wrong > 0;
     return any_wrong ? 1 : 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "gtp-bench: out of memory for the buffers of -b %zu .. -e %zu: pass a smaller -e\n",
+                 options.min_bytes, options.max_bytes);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gtp-bench: %s\n", e.what());
     return 1;

@@ -27,7 +27,7 @@ step() {  # step NAME COMMAND...: runs it, keeps the log, prints the verdict lin
 }
 if [ "$what" != sanitizers ]; then
   step kernel_tests $bin/cuda_kernels_test --gtest_brief=1
-  for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test cuda_graph_test gtp_cuda_test gtp_cuda_graph_test gtp_fp8_gemm_test; do
+  for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test cuda_graph_test gtp_cuda_test gtp_cuda_graph_test gtp_fp8_gemm_test gtp_shared_use_test; do
     if [ ! -x "$bin/$t" ]; then echo "== $t: not in $bin, skipped"; continue; fi
     step "$t" $bin/$t --gtest_brief=1
   done
@@ -41,7 +41,7 @@ if [ "$what" != tests ]; then
   # cudaErrorNoKernelImageForDevice for architectures its build lacks (12-16 such API errors, all
   # inside libnccl, in the 2026-12-02 run); memcheck counts them as errors. API error reporting is
   # off here so the exit code reflects memory errors in our kernels and the runtime.
-  for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test cuda_graph_test gtp_cuda_test gtp_cuda_graph_test gtp_fp8_gemm_test; do
+  for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test cuda_graph_test gtp_cuda_test gtp_cuda_graph_test gtp_fp8_gemm_test gtp_shared_use_test; do
     [ -x "$bin/$t" ] || continue
     step "${t}_memcheck" compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 $bin/$t --gtest_brief=1
   done

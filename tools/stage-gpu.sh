@@ -12,7 +12,7 @@ targets=(
   //remat:cuda_failure_test //bindings/c:gtp_cuda_watchdog_test
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench //bindings/c:libgtp.so
   //remat:one_gpu_rig_test //remat:one_gpu_rig_runtime_test //bench/overlap:gtp-overlap-bench-rig
-  //bench/rig:gtp-graph-launch-probe
+  //bench/rig:gtp-graph-launch-probe //bindings/c:gtp_shared_use_test
   //remat:one_gpu_rig_diverge_test //bench/remat:fill_tag_rig_bench
 )
 # Targets given as arguments replace the list (a smaller .carry for one script, e.g. bench/batch_h200.sh).

@@ -130,8 +130,8 @@ Nic parse_nic(const json& j, const std::string& path) {
 // parse their records concurrently; ThreadSanitizer reported it).
 struct RecordPatterns {
   // hwloc_bitmap_sscanf syntax: comma-separated 32-bit hex words, the first with "0x" (or "0xf...f"
-  // for an infinite set); an empty word is zero.
-  std::regex cpuset{"(0xf\\.\\.\\.f|0x[0-9a-fA-F]{1,8})(,(0x)?[0-9a-fA-F]{0,8})*"};
+  // for an infinite set); an empty word is zero, but a later "0x" needs its digits too.
+  std::regex cpuset{"(0xf\\.\\.\\.f|0x[0-9a-fA-F]{1,8})(,((0x)?[0-9a-fA-F]{1,8})?)*"};
   // dddd:bb:dd.f, lower case as CUDA and hwloc print it (the domain may be wider than 4 digits).
   std::regex bus_id{"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]"};
   std::regex cpu_package{"package:[0-9]+"};
@@ -171,6 +171,14 @@ void check_host(const HostTopology& host, const std::string& path) {
     }
     check_cpuset(at("numa_nodes", i, "cpuset"), numa.cpuset);
   }
+  // A GPU or NIC placed on a node the host does not list would be planned against no node at all.
+  const auto check_numa = [&](const std::string& where, int node) {
+    if (node < 0 || numa_seen.empty() || numa_seen.count(node) > 0) return;
+    std::string listed;
+    for (const auto& entry : numa_seen) listed += (listed.empty() ? "" : ", ") + std::to_string(entry.first);
+    fail(where, "NUMA node " + std::to_string(node) + " is not among the host's numa_nodes (" + listed +
+                    "): name one of them, or -1 when unknown");
+  };
   for (size_t i = 0; i < host.packages.size(); ++i) check_cpuset(at("packages", i, "cpuset"), host.packages[i].cpuset);
   std::map<int, size_t> index_seen;
   std::map<std::string, std::string> domain_of_bus;
@@ -185,6 +193,7 @@ void check_host(const HostTopology& host, const std::string& path) {
     }
     check_bus_id(at("gpus", i, "bus_id"), gpu.bus_id);
     check_cpuset(at("gpus", i, "cpuset"), gpu.cpuset);
+    check_numa(at("gpus", i, "numa_node"), gpu.numa_node);
     std::map<std::pair<std::string, std::string>, size_t> peers;
     bool linked_in_domain = false;
     for (size_t k = 0; k < gpu.nvlink.size(); ++k) {
@@ -221,6 +230,7 @@ void check_host(const HostTopology& host, const std::string& path) {
                                       at("nics", first.first->second, "") + "): list each NIC once");
     }
     check_bus_id(at("nics", i, "bus_id"), host.nics[i].bus_id);
+    check_numa(at("nics", i, "numa_node"), host.nics[i].numa_node);
   }
 }
 

@@ -73,6 +73,10 @@ std::string host_error(const json& record) {
 // predicted bandwidth); each is refused naming its JSON pointer.
 TEST(HostRecord, RepeatsMalformedStringsAndUnlinkedDomainsAreRefused) {
   EXPECT_EQ(host_error(two_gpu_host()), "");
+  json sparse = two_gpu_host();  // hwloc's own forms: empty (zero) words, "0x" on every word
+  sparse["gpus"][0]["cpuset"] = "0x1,,,0x00000002";
+  sparse["gpus"][1]["numa_node"] = -1;  // unknown
+  EXPECT_EQ(host_error(sparse), "");
   const auto broken = [](const std::function<void(json&)>& edit) {
     json record = two_gpu_host();
     edit(record);
@@ -86,6 +90,10 @@ TEST(HostRecord, RepeatsMalformedStringsAndUnlinkedDomainsAreRefused) {
        "/cluster/hosts/2/gpus/1/nvlink/1: nvswitch 'sw' is listed twice (first at nvlink/0), which would double"},
       {[](json& h) { h["numa_nodes"][0]["cpuset"] = "0-7"; }, "/cluster/hosts/2/numa_nodes/0/cpuset: '0-7' is not an hwloc cpuset"},
       {[](json& h) { h["gpus"][0]["cpuset"] = "0xff,0x123456789"; }, "/cluster/hosts/2/gpus/0/cpuset"},
+      {[](json& h) { h["gpus"][0]["cpuset"] = "0x1,,,0x"; }, "/cluster/hosts/2/gpus/0/cpuset: '0x1,,,0x' is not"},
+      {[](json& h) { h["gpus"][1]["numa_node"] = 7; },
+       "/cluster/hosts/2/gpus/1/numa_node: NUMA node 7 is not among the host's numa_nodes (0"},
+      {[](json& h) { h["nics"][0]["numa_node"] = 3; }, "/cluster/hosts/2/nics/0/numa_node: NUMA node 3 is not among"},
       {[](json& h) { h["gpus"][0]["bus_id"] = "0000:1B:00.0"; }, "/cluster/hosts/2/gpus/0/bus_id: '0000:1B:00.0' is not a PCI bus id"},
       {[](json& h) { h["nics"][0]["bus_id"] = "4a:00.0"; }, "/cluster/hosts/2/nics/0/bus_id"},
       {[](json& h) { h["gpus"][0]["nvlink"][0]["peer"] = "gpu1"; }, "/cluster/hosts/2/gpus/0/nvlink/0/peer: 'gpu1' is not a GPU bus id"},

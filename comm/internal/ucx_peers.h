@@ -12,6 +12,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/errors.h"
@@ -123,7 +124,8 @@ class UcxPeers {
   bool post(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
             std::size_t bytes, ucs_status_t* error);
   void complete(void* request, Clock::time_point deadline, int peer);
-  void drain_best_effort();
+  // Waits (at most min(timeout, 1 s)) for the pending sends, or only those of kind `only`, to complete.
+  void drain_best_effort(std::optional<MessageKind> only = std::nullopt);
   void abort_peers(const std::string& payload, int except);
   void rethrow_pending_abort();  // throws what a peer's ABORT asks for, if one is waiting
   // A peer that vanished may have been told to abort by another rank: wait briefly for that ABORT so

@@ -85,3 +85,38 @@ def _int64_max(rank, world, store_dir):
 
 def test_int64_max_timeouts_mean_very_long_not_at_once():
     assert run_ranks(_int64_max, 2) == [0x3F80, 0x3F80]  # 1.0, rank 0's row 0, on both ranks
+
+
+def _silent_peer(rank, world, store_dir):
+    # Rank 1 stops calling after shard_updated; rank 0's materialize at depth 1 waits on it. Its data
+    # send to rank 1 is never taken, and the ABORT rank 0 then posts to rank 1 queues behind it.
+    store = gtp.FileStore(store_path(store_dir), timeout_s=60)
+    ctx = gtp.Context(store, rank, world, timeout_s=60, call_timeout_s=2, prefetch_depth=1)
+    rows = ctx.geometry(16, 16).valid_rows  # small: each gather's send is one eager message
+    ws = [ctx.register(f"w{i}", np.ones((rows, 16), np.float32), 16, 16) for i in range(3)]
+    ctx.shard_updated(ws)
+    outcome = None
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            ctx.materialize([ws[0]])
+            ctx.release([ws[0]])
+            ctx.materialize([ws[1]])
+            outcome = ("success", "", time.monotonic() - start)
+        except gtp.GtpError as e:
+            outcome = (type(e).__name__, str(e), time.monotonic() - start)
+    else:
+        time.sleep(5)
+    try:
+        ctx.close()
+    except gtp.GtpError:
+        pass  # rank 1 finds the job failed: either way destroy frees it
+    return outcome
+
+
+def test_a_call_timeout_fires_at_the_timeout_it_names():
+    kind, message, seconds = run_ranks(_silent_peer, 2)[0]
+    assert kind == "TimeoutError" and "timed out after 2 s" in message, (kind, message)
+    # It used to come 1 s late: the ABORT to the silent peer, queued behind the data send it never
+    # took, was waited for (min(timeout, 1 s)) before the error was raised.
+    assert 2 <= seconds < 2.8, f"{seconds:.2f} s for a 2 s call timeout"

@@ -46,15 +46,20 @@ class Fingerprint {
 struct FillTag {
   std::uint64_t weights = 0;   // Fingerprint of the Weight::tag of every weight gathered, in order
   std::uint64_t versions = 0;  // Fingerprint of their Weight::version (shard updates so far)
-  std::uint64_t first = 0;     // Weight::tag of the first weight
+  // The first weight as the sending rank registered it, so every rank's message can describe every
+  // rank's weight (its shape and wire too, which the identity in `weights` covers but cannot show).
+  std::uint32_t first_rows = 0;  // saturated at 2^32 - 1
+  std::uint32_t first_cols = 0;
   std::uint32_t count = 0;     // weights gathered
   std::uint32_t magic = kMagic;
   std::int32_t first_ordinal = 0;   // the first weight's Weight::ordinal
   std::uint32_t first_version = 0;  // its Weight::version, modulo 2^32
-  char first_name[24] = {};         // its name, cut to 23 bytes, NUL-padded
-  static constexpr std::uint32_t kMagic = 0x47545031;  // "GTP1": the tag's layout version
+  std::uint8_t first_wire = 0;      // its WireSpec: format | mx_rounding << 2 | nvfp4_blocks << 3
+  char first_name[23] = {};         // its name, cut to 22 bytes, NUL-padded
+  static constexpr std::uint32_t kMagic = 0x47545032;  // "GTP2": the tag's layout version
+  // The description fields are not compared: `weights` fingerprints every weight's identity.
   bool operator==(const FillTag& o) const {
-    return weights == o.weights && versions == o.versions && first == o.first && count == o.count && magic == o.magic;
+    return weights == o.weights && versions == o.versions && count == o.count && magic == o.magic;
   }
   bool operator!=(const FillTag& o) const { return !(*this == o); }
 };

@@ -25,8 +25,7 @@ struct Regions {
 constexpr int kSmallLaunchRegions = 4;
 
 __device__ bool same_identity(const FillTag& a, const FillTag& b) {
-  return a.weights == b.weights && a.versions == b.versions && a.first == b.first && a.count == b.count &&
-         a.magic == b.magic;
+  return a.weights == b.weights && a.versions == b.versions && a.count == b.count && a.magic == b.magic;
 }
 
 __global__ void write_tag_kernel(FillTag tag, FillTag* dst) { *dst = tag; }

@@ -37,13 +37,6 @@ std::vector<WeightId> Registry::ids() const {
   return out;
 }
 
-WeightId Registry::find_tag(std::uint64_t tag) const {
-  for (std::size_t id = 0; id < weights_.size(); ++id) {
-    if (live_[id] && weights_[id].tag == tag) return static_cast<WeightId>(id);
-  }
-  return kNoWeight;
-}
-
 const Weight& Registry::get(WeightId id) const {
   if (!contains(id)) {
     throw std::invalid_argument("weight id " + std::to_string(id) +

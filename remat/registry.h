@@ -96,8 +96,6 @@ class Registry {
   bool contains(WeightId id) const;
   // Every registered weight, in id order.
   std::vector<WeightId> ids() const;
-  // The registered weight whose Weight::tag is `tag`, or kNoWeight (messages only: a linear search).
-  WeightId find_tag(std::uint64_t tag) const;
 
   // Leaders expand into themselves followed by their experts; others stay as they are.
   std::vector<WeightId> expand(const WeightId* ids, std::int64_t n) const;

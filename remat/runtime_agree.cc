@@ -1,6 +1,8 @@
 // The Runtime's part in "ranks that disagree": the tag of a fill (what this rank gathers in it) and
 // the check of every rank's tag, raised identically on every rank (docs/reliability.md).
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -32,7 +34,14 @@ FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
     for (WeightId id : *fills[f].key) {
       const Weight& w = registry_.get(id);
       if (tag.count++ == 0) {
-        tag.first = w.tag;
+        const auto saturated = [](std::int64_t v) {
+          return static_cast<std::uint32_t>(std::min<std::int64_t>(v, std::numeric_limits<std::uint32_t>::max()));
+        };
+        tag.first_rows = saturated(w.desc.rows);
+        tag.first_cols = saturated(w.desc.cols);
+        tag.first_wire = static_cast<std::uint8_t>(static_cast<int>(w.desc.wire.format) |
+                                                   static_cast<int>(w.desc.wire.mx_rounding) << 2 |
+                                                   static_cast<int>(w.desc.wire.nvfp4_blocks) << 3);
         tag.first_ordinal = static_cast<std::int32_t>(w.ordinal);
         tag.first_version = static_cast<std::uint32_t>(w.version);
         w.desc.name.copy(tag.first_name, sizeof tag.first_name - 1);
@@ -74,12 +83,15 @@ void Runtime::check_fill_tags(int group, const FillTag* tags, int count, const c
       const std::string name(t.first_name, strnlen(t.first_name, sizeof t.first_name));
       what = "'" + name + "' (registration #" + std::to_string(t.first_ordinal) + " of the group on that rank, shard version " +
              std::to_string(t.first_version) + ")";
-      // A weight with the same identity here: its shape and wire (absent: registered differently).
-      const WeightId id = registry_.find_tag(t.first);
-      if (id != kNoWeight) {
-        const Weight& w = registry_.get(id);
-        what += " " + std::to_string(w.desc.rows) + " x " + std::to_string(w.desc.cols) + " " + kernels::to_string(w.desc.wire);
-      }
+      // Its shape and wire as that rank registered it.
+      const auto dim = [](std::uint32_t v) {
+        return std::to_string(v) + (v == std::numeric_limits<std::uint32_t>::max() ? "+" : "");
+      };
+      kernels::WireSpec wire;
+      wire.format = static_cast<kernels::WireFormat>(t.first_wire & 3);
+      wire.mx_rounding = static_cast<kernels::ScaleRounding>(t.first_wire >> 2 & 1);
+      wire.nvfp4_blocks = static_cast<kernels::Nvfp4Blocks>(t.first_wire >> 3 & 1);
+      what += " " + dim(t.first_rows) + " x " + dim(t.first_cols) + " " + kernels::to_string(wire);
       if (t.count > 1) what += " and " + std::to_string(t.count - 1) + " more weight" + (t.count > 2 ? "s" : "");
     }
     parts += (parts.empty() ? "" : "; ") + ranks_text(ranks) + (ranks.size() == 1 ? " gathers " : " gather ") + what;

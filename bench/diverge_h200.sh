@@ -19,7 +19,10 @@ step() {  # step LIMIT NAME COMMAND...
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |ERROR SUMMARY|^\{" "$out/$name.log" | head -12
 }
 step 180 cuda_fill_tags_test $bin/cuda_fill_tags_test
-step 180 cuda_fill_tags_memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 $bin/cuda_fill_tags_test
+# Not the ring-reuse case: it holds the GPU with a gate kernel while the host enqueues, and under
+# compute-sanitizer the host's enqueues wait for that kernel (the gate times out; 0 memory errors).
+step 180 cuda_fill_tags_memcheck compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+  $bin/cuda_fill_tags_test --gtest_filter='-*NoSlotIsReusedBeforeItsCopyRan'
 for t in cuda_backend_test cuda_stream_capture_test cuda_fill_graphs_test cuda_graph_test gtp_cuda_test gtp_cuda_graph_test gtp_fp8_gemm_test; do
   step 120 "$t" $bin/$t --gtest_brief=1
 done

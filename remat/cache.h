@@ -3,11 +3,12 @@
 // A slot is one backend allocation holding one materialize call's weights (gathered chunks, then the
 // unpacked outputs). Its key is (slot, generation): the generation advances each time the slot is
 // refilled, so a lease names exactly one filling. A slot is Free, Prefetched (filled ahead of its
-// consumer, tagged with its chain and position), Held (by consumers until each releases it: a key materialized again while held shares its slot) or Kept
-// (released, but kept gathered for a later materialize of the same weights: keep_gathered). A freed
-// slot keeps every consumer's release event (and the event of a fill nobody consumed); whoever refills
-// it first makes its filling stream wait on them, so reuse is ordered after every release on the device
-// timeline, never by a host sync, whichever side stream filled it before.
+// consumer, tagged with its chain and position), Held (by consumers until each releases it: a key
+// materialized again while held shares its slot) or Kept (released, but kept gathered for a later
+// materialize of the same weights: keep_gathered). A freed slot keeps every consumer's release event
+// (and the event of a fill nobody consumed); whoever refills it first makes its filling stream wait on
+// them, so reuse is ordered after every release on the device timeline, never by a host sync,
+// whichever side stream filled it before.
 //
 // Addresses are stable: slots are allocated in warm-up, all sized for the largest call seen, and only
 // grow (counted) when a larger call comes; in steady state nothing is allocated. Growing frees the old

@@ -2,8 +2,8 @@
 // the check of every rank's tag, raised identically on every rank (docs/reliability.md).
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 

@@ -264,6 +264,19 @@ void UcxPeers::send(int dst, MessageKind kind, std::uint64_t sequence, const cha
   }
 }
 
+bool UcxPeers::worth_waiting_for(std::optional<MessageKind> only) const {
+  if (!only) return !pending_sends_.empty();
+  // UCX keeps an endpoint's sends in order: one queued behind a data send the peer never takes (the
+  // peer is silent: that is why this rank fails) completes only when that peer comes back.
+  std::vector<int> blocked;
+  for (const PendingSend& pending : pending_sends_) {
+    const bool behind = std::find(blocked.begin(), blocked.end(), pending.dst) != blocked.end();
+    if (pending.kind == MessageKind::kData) blocked.push_back(pending.dst);
+    if (pending.kind == *only && !behind) return true;
+  }
+  return false;
+}
+
 void UcxPeers::drain_best_effort(std::optional<MessageKind> only) {
   const auto deadline = Clock::now() + std::min(timeout_, kBestEffortWait);
   while (Clock::now() < deadline) {
@@ -273,16 +286,7 @@ void UcxPeers::drain_best_effort(std::optional<MessageKind> only) {
       ucp_request_free(pending.request);
       return true;
     });
-    // UCX keeps an endpoint's sends in order: one queued behind a data send the peer never takes (the
-    // peer is silent: that is why this rank fails) completes only when that peer comes back.
-    std::vector<int> blocked;
-    bool waiting = false;
-    for (const PendingSend& pending : pending_sends_) {
-      const bool behind = std::find(blocked.begin(), blocked.end(), pending.dst) != blocked.end();
-      if (pending.kind == MessageKind::kData) blocked.push_back(pending.dst);
-      waiting |= (!only || pending.kind == *only) && !(only && behind);
-    }
-    if (!waiting) return;
+    if (!worth_waiting_for(only)) return;
     worker_.progress_or_wait(std::chrono::milliseconds(10));
   }
 }

@@ -126,6 +126,8 @@ class UcxPeers {
   void complete(void* request, Clock::time_point deadline, int peer);
   // Waits (at most min(timeout, 1 s)) for the pending sends, or only those of kind `only`, to complete.
   void drain_best_effort(std::optional<MessageKind> only = std::nullopt);
+  // Whether a pending send (of kind `only`: one that is not queued behind a data send) can still go out.
+  bool worth_waiting_for(std::optional<MessageKind> only) const;
   void abort_peers(const std::string& payload, int except);
   void rethrow_pending_abort();  // throws what a peer's ABORT asks for, if one is waiting
   // A peer that vanished may have been told to abort by another rank: wait briefly for that ABORT so

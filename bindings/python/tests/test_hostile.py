@@ -81,15 +81,8 @@ def test_register_can_take_the_wire_of_the_groups_profile(tmp_path, wire):
         assert plain.wire == "bf16"
 
 
-def test_a_raising_raw_bootstrap_callback_is_an_error(tmp_path):
-    def raising(*_args):
-        raise RuntimeError("the store is gone")
-
-    assert _lib.ALLGATHER_FN(raising)(None, None, None, 0, 0) == _lib.BOOTSTRAP_ERROR
-    assert _lib.BROADCAST_FN(raising)(None, None, 0, 0, 0) == _lib.BOOTSTRAP_ERROR
-    assert _lib.BARRIER_FN(raising)(None, 0) == _lib.BOOTSTRAP_ERROR
-    fns = [_lib.ALLGATHER_FN(raising), _lib.BROADCAST_FN(raising), _lib.BARRIER_FN(raising),
-           _lib.LAST_ERROR_FN(lambda _user: None)]
+def create_rank0_of_2_with_raw_callbacks(fns):
+    """gtp_context_create straight through ctypes, rank 0 of 2, with the raw callbacks `fns`."""
     vtable = _lib.gtp_bootstrap_callbacks_t(ctypes.sizeof(_lib.gtp_bootstrap_callbacks_t),
                                             _lib.BOOTSTRAP_CALLBACKS_VERSION, 0, 2, None, *fns)
     config = _lib.gtp_context_config_t()
@@ -100,7 +93,19 @@ def test_a_raising_raw_bootstrap_callback_is_an_error(tmp_path):
     config.timeout_ms = 5000
     config.prefetch_depth = config.memory_budget_bytes = _lib.FROM_PROFILE
     handle = ctypes.c_void_p()
-    status = _lib.lib().gtp_context_create(ctypes.byref(config), ctypes.byref(handle))
+    return _lib.lib().gtp_context_create(ctypes.byref(config), ctypes.byref(handle)), handle
+
+
+def test_a_raising_raw_bootstrap_callback_is_an_error(tmp_path):
+    def raising(*_args):
+        raise RuntimeError("the store is gone")
+
+    assert _lib.ALLGATHER_FN(raising)(None, None, None, 0, 0) == _lib.BOOTSTRAP_ERROR
+    assert _lib.BROADCAST_FN(raising)(None, None, 0, 0, 0) == _lib.BOOTSTRAP_ERROR
+    assert _lib.BARRIER_FN(raising)(None, 0) == _lib.BOOTSTRAP_ERROR
+    fns = [_lib.ALLGATHER_FN(raising), _lib.BROADCAST_FN(raising), _lib.BARRIER_FN(raising),
+           _lib.LAST_ERROR_FN(lambda _user: None)]
+    status, handle = create_rank0_of_2_with_raw_callbacks(fns)
     assert status == _lib.ERROR_SYSTEM, _lib.lib().gtp_last_error(None)
     assert handle.value is None
 
@@ -159,18 +164,9 @@ def test_a_raising_last_error_callback_is_no_text_not_a_crash():
     assert _lib.LAST_ERROR_FN(raising)(None) is None
     fns = [_lib.ALLGATHER_FN(raising), _lib.BROADCAST_FN(raising), _lib.BARRIER_FN(raising),
            _lib.LAST_ERROR_FN(raising)]
-    vtable = _lib.gtp_bootstrap_callbacks_t(ctypes.sizeof(_lib.gtp_bootstrap_callbacks_t),
-                                            _lib.BOOTSTRAP_CALLBACKS_VERSION, 0, 2, None, *fns)
-    config = _lib.gtp_context_config_t()
-    config.struct_size = ctypes.sizeof(config)
-    config.header_version = _lib.HEADER_VERSION
-    config.bootstrap = _lib.BOOTSTRAP_CALLBACKS
-    config.callbacks = ctypes.pointer(vtable)
-    config.timeout_ms = 5000
-    config.prefetch_depth = config.memory_budget_bytes = _lib.FROM_PROFILE
-    handle = ctypes.c_void_p()
-    status = _lib.lib().gtp_context_create(ctypes.byref(config), ctypes.byref(handle))
+    status, handle = create_rank0_of_2_with_raw_callbacks(fns)
     assert status == _lib.ERROR_SYSTEM, _lib.lib().gtp_last_error(None)
+    assert handle.value is None
     assert b"bootstrap callback" in _lib.lib().gtp_last_error(None)
 
 

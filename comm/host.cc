@@ -53,7 +53,16 @@ HostComm::HostComm(Bootstrap& bootstrap, std::chrono::milliseconds timeout, cons
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = reinterpret_cast<const ucp_address_t*>(addresses[r].data());
-    peers_->add(r, internal::create_endpoint(worker_->handle(), params));
+    try {
+      peers_->add(r, internal::create_endpoint(worker_->handle(), params));
+    } catch (const CommError& e) {
+      // Rank r published its address and left: the ranks connected so far must not wait for this one.
+      const std::string message = label + ": rank " + std::to_string(rank_) + " cannot connect to rank " +
+                                  std::to_string(r) + " (" + e.what() +
+                                  "): it exited or crashed after the address exchange; see its output";
+      peers_->abort_job(message);
+      throw CommError(message, false);
+    }
   }
 }
 

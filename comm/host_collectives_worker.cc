@@ -64,6 +64,9 @@ TEST(HostComm, BarrierThenMoreCollectivesOnOneCommunicator) {
 TEST(HostComm, MismatchedCountsFailOnEveryRank) {
   HostComm comm(*g_bootstrap, kTimeout);
   internal::check_mismatched_reduce_scatter_fails(comm);
+  // Keeps this rank's comm until every rank has failed: a rank that is slow to connect would otherwise
+  // find the first one gone and fail in the constructor (HostComm.PeerGoneBeforeConnecting).
+  g_bootstrap->barrier();
 }
 
 }  // namespace

@@ -4,8 +4,14 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <utility>
+
 #include "comm/errors.h"
 #include "comm/internal/host_checks.h"
+#include "comm/internal/ucx_peers.h"
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 
@@ -38,6 +44,49 @@ TEST(HostComm, CollectivesMatchTheReferenceForOneToThreeRanks) {
 
 TEST(HostComm, MismatchedCountsFailOnEveryRank) {
   run_host_job(3, milliseconds(10000), [](HostComm& comm) { internal::check_mismatched_reduce_scatter_fails(comm); });
+}
+
+// A Bootstrap test double for rank 0 of 2 whose peer published `peer_record` and left (a real peer
+// cannot be made to leave between the address exchange and the connect, where the race lands).
+class DepartedPeerBootstrapDouble : public Bootstrap {
+ public:
+  explicit DepartedPeerBootstrapDouble(std::string peer_record) : peer_record_(std::move(peer_record)) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 2; }
+  // allgather_records calls this twice: the record sizes, then the records padded to the largest.
+  void allgather(const void* send, void* recv, std::size_t bytes_per_rank) override {
+    auto* out = static_cast<char*>(recv);
+    std::memmove(out, send, bytes_per_rank);
+    std::string peer = peer_record_;
+    if (calls_++ == 0) {
+      const std::uint64_t size = peer_record_.size();
+      peer.assign(reinterpret_cast<const char*>(&size), sizeof(size));
+    }
+    peer.resize(bytes_per_rank);
+    std::memcpy(out + bytes_per_rank, peer.data(), bytes_per_rank);
+  }
+  void broadcast(void*, std::size_t, int) override { ADD_FAILURE() << "HostComm does not broadcast"; }
+  void barrier() override { ADD_FAILURE() << "HostComm does not use the bootstrap barrier"; }
+
+ private:
+  std::string peer_record_;
+  int calls_ = 0;
+};
+
+TEST(HostComm, PeerGoneBeforeConnectingIsNamed) {
+  std::string departed;
+  {
+    internal::UcxWorker worker;
+    departed = worker.address();
+  }
+  DepartedPeerBootstrapDouble bootstrap(departed);
+  try {
+    HostComm comm(bootstrap, milliseconds(2000));
+    ADD_FAILURE() << "connected to a rank whose worker is gone";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 cannot connect to rank 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("exited or crashed"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HostComm, MissingPeerTimesOut) {

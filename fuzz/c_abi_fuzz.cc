@@ -40,6 +40,7 @@ struct Weight {
   gtp_weight_t handle{};
   bool registered = false;
   bool packed = false;            // shard_updated since register
+  uint64_t version = 0;           // successful shard_updated calls naming it
   int uses = 0;                   // outstanding materializations that include it
   bool grad_out = false;          // grad buffer handed out, not finalized
   bool add_pending = false;       // finalized, not drained
@@ -51,10 +52,12 @@ struct Weight {
   int64_t rows = 0, cols = 0;
 };
 
-// An outstanding materialization: its weight list (in order) and layout.
+// An outstanding materialization: its weight list (in order), layout and the weights' versions then.
 struct Use {
   std::vector<size_t> picks;
   int layout;
+  std::vector<uint64_t> versions;
+  // A use is found by its weights and layout; `versions` tells whether a re-pack came since.
   bool operator==(const Use& other) const { return picks == other.picks && layout == other.layout; }
 };
 
@@ -188,6 +191,20 @@ class Program {
     return std::set<size_t>(picks.begin(), picks.end()).size() != picks.size();
   }
 
+  std::vector<uint64_t> versions(const std::vector<size_t>& picks) const {
+    std::vector<uint64_t> out;
+    for (size_t i : picks) out.push_back(weights_[i].version);
+    return out;
+  }
+
+  // The same weights held in `layout` by a use from before a shard_updated of any of them: its buffer
+  // has the old shards, so materializing them again is refused (docs/c-abi.md).
+  bool held_from_before_repack(const std::vector<size_t>& picks, bool forged, int layout) const {
+    if (forged) return false;
+    auto use = std::find(held_.begin(), held_.end(), Use{picks, layout, {}});
+    return use != held_.end() && use->versions != versions(picks);
+  }
+
   bool any_stale(const std::vector<size_t>& picks, bool forged) const {
     if (forged) return true;
     for (size_t i : picks)
@@ -219,7 +236,10 @@ class Program {
     if (stale) return expect("gtp_weights_shard_updated", got, GTP_ERROR_INVALID_STATE, ctx_);
     if (twice) return expect("gtp_weights_shard_updated", got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     expect("gtp_weights_shard_updated", got, GTP_SUCCESS, ctx_);
-    for (size_t i : picks) weights_[i].packed = true;
+    for (size_t i : picks) {
+      weights_[i].packed = true;
+      ++weights_[i].version;
+    }
   }
 
   void materialize() {
@@ -241,13 +261,14 @@ class Program {
     bool unpacked = false;  // call-order misuse ("never packed: call shard_updated after register")
     for (size_t i : picks) unpacked |= i < weights_.size() && !weights_[i].packed;
     const bool misuse = any_stale(picks, forged) || unpacked;
-    const bool bad_argument = repeats(picks) || phase > 2 || chunk > 1023 || short_capacity;
+    const bool bad_argument = repeats(picks) || phase > 2 || chunk > 1023 || short_capacity ||
+                              held_from_before_repack(picks, forged, GTP_LAYOUT_BF16);
     if (misuse && bad_argument) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     if (misuse) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
     if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     expect(name, got, GTP_SUCCESS, ctx_);
     if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one pointer per weight", ctx_);
-    held_.push_back(Use{picks, GTP_LAYOUT_BF16});
+    held_.push_back(Use{picks, GTP_LAYOUT_BF16, versions(picks)});
     for (size_t k = 0; k < picks.size(); ++k) {
       Weight& w = weights_[picks[k]];
       ++w.uses;
@@ -277,13 +298,14 @@ class Program {
     bool unpacked = false;
     for (size_t i : picks) unpacked |= !weights_[i].packed;
     const bool misuse = any_stale(picks, forged) || unpacked;
-    const bool bad_argument = repeats(picks) || layout == 2 || bad_struct;
+    const bool bad_argument = repeats(picks) || layout == 2 || bad_struct ||
+                              (layout < 2 && held_from_before_repack(picks, forged, static_cast<int>(layout)));
     if (misuse && bad_argument) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     if (misuse) return expect(name, got, GTP_ERROR_INVALID_STATE, ctx_);
     if (bad_argument) return expect(name, got, GTP_ERROR_INVALID_ARGUMENT, ctx_);
     expect(name, got, GTP_SUCCESS, ctx_);
     if (count != ws.size()) finding(name + " out_count " + std::to_string(count), got, "one view per weight", ctx_);
-    held_.push_back(Use{picks, static_cast<int>(layout)});
+    held_.push_back(Use{picks, static_cast<int>(layout), versions(picks)});
     for (size_t k = 0; k < picks.size(); ++k) {
       Weight& w = weights_[picks[k]];
       ++w.uses;
@@ -322,8 +344,8 @@ class Program {
     const bool bad_argument = repeats(picks) || layout == 7;
     // A release names exactly the weights of one outstanding materialize, in its order; a plain
     // release is refused when they are held in both layouts.
-    auto bf16 = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_BF16});
-    auto gemm = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_GEMM});
+    auto bf16 = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_BF16, {}});
+    auto gemm = forged ? held_.end() : std::find(held_.begin(), held_.end(), Use{picks, GTP_LAYOUT_GEMM, {}});
     auto use = layout == GTP_LAYOUT_BF16 ? bf16 : layout == GTP_LAYOUT_GEMM ? gemm : bf16 != held_.end() ? bf16 : gemm;
     const bool misuse = stale || use == held_.end() || (layout < 0 && bf16 != held_.end() && gemm != held_.end());
     if (bad_argument && misuse) return expect_either(name, got, GTP_ERROR_INVALID_STATE, GTP_ERROR_INVALID_ARGUMENT, ctx_);

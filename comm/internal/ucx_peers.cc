@@ -163,14 +163,11 @@ UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chr
 
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
-  // Even after a failure, live endpoints are flushed rather than forced: UCX 1.13's tcp transport can
-  // trip an internal assertion when a peer force-closes a connection that still carries traffic. A
-  // transfer this rank gave up on is the exception: only a forced close purges its request.
-  for (const PendingSend& pending : pending_sends_) {  // sends nobody will take (aborts, goodbyes)
-    if (pending.request != nullptr && ucp_request_check_status(pending.request) == UCS_INPROGRESS) {
-      gave_up_transfer_ = true;
-    }
-  }
+  // Even after a failure, live endpoints are flushed rather than forced, sends still queued to a silent
+  // peer included (a flush that cannot finish in time abandons the worker: close_endpoint). UCX 1.13's
+  // tcp transport trips a fatal assertion (tcp_iface.c:307) in a peer that is progressing, as one
+  // saying goodbye does, while its connection is force-closed mid-traffic. A transfer this rank gave
+  // up on is the exception: only a forced close purges its request.
   const auto deadline = Clock::now() + kBestEffortWait;
   for (auto& [rank, endpoint] : endpoints_) {
     close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || gave_up_transfer_, deadline);
@@ -212,10 +209,7 @@ bool UcxPeers::try_recv_from_anyone(MessageKind kind, int* sender, std::string* 
   ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), make_tag(0, kind, 0), kKindMask, 1, &info);
   if (message == nullptr) return false;
   *sender = tag_sender(info.sender_tag);
-  std::string received(info.length, '\0');
-  ucp_request_param_t param{};
-  complete(ucp_tag_msg_recv_nbx(worker_.handle(), received.data(), received.size(), message, &param),
-           deadline_from_now(), *sender);
+  const std::string received = receive(message, info.length, deadline_from_now(), *sender);
   *payload = received.substr(std::min(received.size(), sizeof(MessageHeader)));
   return true;
 }
@@ -291,7 +285,8 @@ void UcxPeers::drain_best_effort(std::optional<MessageKind> only) {
   }
 }
 
-void UcxPeers::complete(void* request, Clock::time_point deadline, int peer) {
+void UcxPeers::complete(void* request, Clock::time_point deadline, int peer,
+                        std::unique_ptr<std::string>* receive_buffer) {
   if (request == nullptr) return;
   ucs_status_t status = UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : UCS_INPROGRESS;
   while (status == UCS_INPROGRESS) {
@@ -303,6 +298,7 @@ void UcxPeers::complete(void* request, Clock::time_point deadline, int peer) {
     if (Clock::now() >= deadline) {
       ucp_request_cancel(worker_.handle(), request);
       ucp_request_free(request);
+      if (receive_buffer != nullptr) abandoned_receives_.push_back(std::move(*receive_buffer));
       gave_up_transfer_ = true;
       fail(AbortKind::kTimeout, label_ + ": rank " + std::to_string(self_rank_) + " timed out after " +
                                     seconds_text(timeout_) + " moving data with rank " + std::to_string(peer));
@@ -360,39 +356,33 @@ UcxPeers::Probed UcxPeers::wait_for_message(std::uint64_t tag, std::uint64_t mas
 void UcxPeers::recv(int src, MessageKind kind, std::uint64_t sequence, const char* operation, void* dest,
                     std::size_t bytes, Clock::time_point deadline) {
   Probed probed = wait_for_message(make_tag(src, kind, sequence), kFullMask, src, deadline);
+  const std::string message = receive(probed.message, probed.info.length, deadline, src);
   MessageHeader header{};
-  ucp_request_param_t param{};
-  void* request;
-  std::string mismatched;
-  if (probed.info.length == sizeof(MessageHeader) + bytes) {
-    ucp_dt_iov_t iov[2] = {{&header, sizeof(header)}, {dest, bytes}};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
-    param.datatype = ucp_dt_make_iov();
-    request = ucp_tag_msg_recv_nbx(worker_.handle(), iov, bytes > 0 ? 2 : 1, probed.message, &param);
-    complete(request, deadline, src);
-  } else {
-    mismatched.resize(probed.info.length);
-    request = ucp_tag_msg_recv_nbx(worker_.handle(), mismatched.data(), mismatched.size(), probed.message, &param);
-    complete(request, deadline, src);
-    std::memcpy(&header, mismatched.data(), std::min(sizeof(header), mismatched.size()));
-    header.operation[sizeof(header.operation) - 1] = '\0';
-  }
-  if (!mismatched.empty() || std::strncmp(header.operation, operation, sizeof(header.operation) - 1) != 0) {
+  std::memcpy(&header, message.data(), std::min(sizeof(header), message.size()));
+  header.operation[sizeof(header.operation) - 1] = '\0';
+  const bool sized = message.size() == sizeof(MessageHeader) + bytes;
+  if (!sized || std::strncmp(header.operation, operation, sizeof(header.operation) - 1) != 0) {
     fail(AbortKind::kInvalidArgument,
          label_ + ": rank " + std::to_string(src) + " sent " + std::to_string(header.payload_bytes) + " bytes for " +
              header.operation + " but rank " + std::to_string(self_rank_) + " expected " + std::to_string(bytes) +
              " bytes for " + operation +
              ": every rank must call the same collectives, in the same order, with the same counts and types");
   }
+  if (bytes > 0) std::memcpy(dest, message.data() + sizeof(MessageHeader), bytes);
 }
 
 std::string UcxPeers::recv_any_size(int src, MessageKind kind, std::uint64_t sequence, Clock::time_point deadline) {
   Probed probed = wait_for_message(make_tag(src, kind, sequence), kFullMask, src, deadline);
-  std::string message(probed.info.length, '\0');
-  ucp_request_param_t param{};
-  complete(ucp_tag_msg_recv_nbx(worker_.handle(), message.data(), message.size(), probed.message, &param), deadline,
-           src);
+  const std::string message = receive(probed.message, probed.info.length, deadline, src);
   return message.substr(std::min(message.size(), sizeof(MessageHeader)));
+}
+
+std::string UcxPeers::receive(ucp_tag_message_h message, std::size_t length, Clock::time_point deadline, int peer) {
+  auto buffer = std::make_unique<std::string>(length, '\0');
+  ucp_request_param_t param{};
+  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), buffer->data(), buffer->size(), message, &param);
+  complete(request, deadline, peer, &buffer);
+  return std::move(*buffer);
 }
 
 void UcxPeers::abort_peers(const std::string& payload, int except) {
@@ -411,18 +401,22 @@ void UcxPeers::abort_peers(const std::string& payload, int except) {
 }
 
 std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t length) {
-  std::string received(length, '\0');
+  auto buffer = std::make_unique<std::string>(length, '\0');
   ucp_request_param_t param{};
-  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), received.data(), received.size(), message, &param);
+  void* request = ucp_tag_msg_recv_nbx(worker_.handle(), buffer->data(), buffer->size(), message, &param);
   const auto deadline = Clock::now() + kBestEffortWait;
   while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
     worker_.progress_or_wait(std::chrono::milliseconds(10));
   }
+  std::string received = buffer->substr(std::min(buffer->size(), sizeof(MessageHeader)));
   if (UCS_PTR_IS_PTR(request)) {
-    if (ucp_request_check_status(request) == UCS_INPROGRESS) gave_up_transfer_ = true;
+    if (ucp_request_check_status(request) == UCS_INPROGRESS) {
+      gave_up_transfer_ = true;
+      abandoned_receives_.push_back(std::move(buffer));
+    }
     ucp_request_free(request);
   }
-  return received.substr(std::min(received.size(), sizeof(MessageHeader)));
+  return received;
 }
 
 void UcxPeers::rethrow_pending_abort() {

@@ -123,7 +123,14 @@ class UcxPeers {
   // Posts without throwing; false (with `error` set) when the endpoint refused the send.
   bool post(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
             std::size_t bytes, ucs_status_t* error);
-  void complete(void* request, Clock::time_point deadline, int peer);
+  // Waits for `request`; past `deadline` gives it up (and `receive_buffer`, which UCX may still fill,
+  // to abandoned_receives_) and fails with a timeout.
+  void complete(void* request, Clock::time_point deadline, int peer,
+                std::unique_ptr<std::string>* receive_buffer = nullptr);
+  // Receives a probed message, header included, into a buffer of its own: a receive given up after UCX
+  // matched it cannot be cancelled, and UCX goes on writing it (rendezvous data) while the worker
+  // progresses, after the caller's buffer may be gone. Costs one copy into the caller's buffer.
+  std::string receive(ucp_tag_message_h message, std::size_t length, Clock::time_point deadline, int peer);
   // Waits (at most min(timeout, 1 s)) for the pending sends, or only those of kind `only`, to complete.
   void drain_best_effort(std::optional<MessageKind> only = std::nullopt);
   // Whether a pending send (of kind `only`: one that is not queued behind a data send) can still go out.
@@ -149,6 +156,8 @@ class UcxPeers {
   // A transfer was given up while still in flight (timeout, best-effort bound): its request stays on
   // its endpoint until a forced close purges it; destroying the worker before that aborts the process.
   bool gave_up_transfer_ = false;
+  // Buffers of receives given up in flight; they live as long as anything can progress the worker.
+  std::list<std::unique_ptr<std::string>> abandoned_receives_;
   std::string abort_payload_;
 };
 

@@ -118,7 +118,10 @@ TEST(FailingRanks, DestroyAfterTimeoutWithAnAbsentPeerIsCleanAndRecovers) {
 // megabyte gathers, so its peers time out part-way through transfers to or from it. Destroying then
 // tripped UCX's "ucs_hlist_is_empty(proto_reqs)" assertion in ucp_worker_destroy (SIGABRT in 8 of 8
 // runs of 3 rounds before the fix, then reached by ranks with prefetch depth = rank, which create now
-// refuses as a divergence). Every destroy must now return, three rounds.
+// refuses as a divergence). It came back in 3 of 16 runs where a flush finished with a rendezvous send
+// to the stopped rank still in flight, and fixing that exposed a SIGSEGV (3 of 24 runs): the stopped
+// rank's RTR made UCX read the send's data from a buffer the failed call had freed. Every destroy
+// must now return, three rounds (0 of 24 runs, two at a time, after both fixes).
 // Where the stop lands depends on timing: on a loaded machine it can come before any data moves (the
 // peers then time out waiting for the stopped rank), so the scenario runs up to three times, each run
 // checked in full, until one gave up a transfer part-way (unloaded: 6 of 6 runs did, 2 or more each).

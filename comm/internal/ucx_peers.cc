@@ -146,8 +146,7 @@ void close_endpoint(UcxWorker& worker, Endpoint& endpoint, bool force, Clock::ti
 }
 
 struct UcxPeers::PendingSend {
-  MessageHeader header;
-  ucp_dt_iov_t iov[2];
+  std::unique_ptr<std::string> message;  // header and payload
   void* request;
   int dst;
   MessageKind kind;
@@ -163,6 +162,9 @@ UcxPeers::UcxPeers(UcxWorker& worker, int self_rank, std::string label, std::chr
 
 UcxPeers::~UcxPeers() {
   if (failure_.empty()) say_goodbye();
+  // Messages nobody waited for are taken while their endpoints are open (a rendezvous one needs its
+  // endpoint), then those that came during the close.
+  discard_unexpected_messages();
   // Even after a failure, live endpoints are flushed rather than forced, sends still queued to a silent
   // peer included (a flush that cannot finish in time abandons the worker: close_endpoint). UCX 1.13's
   // tcp transport trips a fatal assertion (tcp_iface.c:307) in a peer that is progressing, as one
@@ -172,11 +174,20 @@ UcxPeers::~UcxPeers() {
   for (auto& [rank, endpoint] : endpoints_) {
     close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || gave_up_transfer_, deadline);
   }
-  // Closing the endpoints completed (or failed) whatever was still in flight.
-  for (PendingSend& pending : pending_sends_) {
-    if (pending.request != nullptr) ucp_request_free(pending.request);
-  }
   discard_unexpected_messages();
+  // A flush can finish with a rendezvous send still waiting for a peer that stopped (SIGSTOP) or gave
+  // up on it: the request stays on its endpoint, and ucp_worker_destroy would abort the process on it
+  // (ucp_ep.c:437, 3 of 16 runs of stall-mid-flight). Any request of this rank still in flight now
+  // leaves the worker to the process's exit.
+  bool in_flight = false;
+  const auto release = [&in_flight](void* request) {
+    if (request == nullptr) return;
+    in_flight = in_flight || ucp_request_check_status(request) == UCS_INPROGRESS;
+    ucp_request_free(request);
+  };
+  for (PendingSend& pending : pending_sends_) release(pending.request);
+  for (GivenUp& given_up : given_up_) release(given_up.request);
+  if (in_flight) worker_.abandon();
 }
 
 void UcxPeers::add(int rank, std::unique_ptr<Endpoint> endpoint) { endpoints_[rank] = std::move(endpoint); }
@@ -225,19 +236,18 @@ void UcxPeers::check_usable() const {
 bool UcxPeers::post(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
                     std::size_t bytes, ucs_status_t* error) {
   Endpoint& endpoint = *endpoints_.at(dst);
+  MessageHeader header{};
+  header.payload_bytes = bytes;
+  std::strncpy(header.operation, operation, sizeof(header.operation) - 1);
   PendingSend& pending = pending_sends_.emplace_back();
-  pending.header.payload_bytes = bytes;
-  std::strncpy(pending.header.operation, operation, sizeof(pending.header.operation) - 1);
-  pending.header.operation[sizeof(pending.header.operation) - 1] = '\0';
-  pending.iov[0] = {&pending.header, sizeof(MessageHeader)};
-  pending.iov[1] = {const_cast<void*>(payload), bytes};
+  pending.message = std::make_unique<std::string>(sizeof(MessageHeader) + bytes, '\0');
+  std::memcpy(pending.message->data(), &header, sizeof(MessageHeader));
+  if (bytes > 0) std::memcpy(pending.message->data() + sizeof(MessageHeader), payload, bytes);
   pending.dst = dst;
   pending.kind = kind;
 
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
-  param.datatype = ucp_dt_make_iov();
-  void* request = ucp_tag_send_nbx(endpoint.handle, pending.iov, bytes > 0 ? 2 : 1,
+  void* request = ucp_tag_send_nbx(endpoint.handle, pending.message->data(), pending.message->size(),
                                    make_tag(self_rank_, kind, sequence), &param);
   if (UCS_PTR_IS_PTR(request)) {
     pending.request = request;
@@ -285,8 +295,7 @@ void UcxPeers::drain_best_effort(std::optional<MessageKind> only) {
   }
 }
 
-void UcxPeers::complete(void* request, Clock::time_point deadline, int peer,
-                        std::unique_ptr<std::string>* receive_buffer) {
+void UcxPeers::complete(void* request, Clock::time_point deadline, int peer, std::unique_ptr<std::string>* buffer) {
   if (request == nullptr) return;
   ucs_status_t status = UCS_PTR_IS_ERR(request) ? UCS_PTR_STATUS(request) : UCS_INPROGRESS;
   while (status == UCS_INPROGRESS) {
@@ -297,9 +306,7 @@ void UcxPeers::complete(void* request, Clock::time_point deadline, int peer,
     }
     if (Clock::now() >= deadline) {
       ucp_request_cancel(worker_.handle(), request);
-      ucp_request_free(request);
-      if (receive_buffer != nullptr) abandoned_receives_.push_back(std::move(*receive_buffer));
-      gave_up_transfer_ = true;
+      give_up(request, std::move(*buffer));
       fail(AbortKind::kTimeout, label_ + ": rank " + std::to_string(self_rank_) + " timed out after " +
                                     seconds_text(timeout_) + " moving data with rank " + std::to_string(peer));
     }
@@ -312,12 +319,16 @@ void UcxPeers::complete(void* request, Clock::time_point deadline, int peer,
   }
 }
 
+void UcxPeers::give_up(void* request, std::unique_ptr<std::string> buffer) {
+  gave_up_transfer_ = true;
+  given_up_.push_back({request, std::move(buffer)});
+}
+
 void UcxPeers::wait_sends(Clock::time_point deadline) {
   while (!pending_sends_.empty()) {
-    // The element (its header and iov) stays alive until UCX is done with it.
     PendingSend& pending = pending_sends_.front();
     void* request = std::exchange(pending.request, nullptr);
-    complete(request, deadline, pending.dst);
+    complete(request, deadline, pending.dst, &pending.message);
     pending_sends_.pop_front();
   }
 }
@@ -386,12 +397,10 @@ std::string UcxPeers::receive(ucp_tag_message_h message, std::size_t length, Clo
 }
 
 void UcxPeers::abort_peers(const std::string& payload, int except) {
-  // The payload must outlive the sends, which may still be in flight when we stop waiting for them.
-  abort_payload_ = payload;
   for (auto& [rank, endpoint] : endpoints_) {
     ucs_status_t ignored = UCS_OK;
     if (rank != except && endpoint->failure == UCS_OK) {
-      post(rank, MessageKind::kAbort, 0, "abort", abort_payload_.data(), abort_payload_.size(), &ignored);
+      post(rank, MessageKind::kAbort, 0, "abort", payload.data(), payload.size(), &ignored);
     }
   }
   // Only the ABORTs that can go out: waiting for a data send to the silent peer, or an ABORT queued
@@ -411,10 +420,10 @@ std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t le
   std::string received = buffer->substr(std::min(buffer->size(), sizeof(MessageHeader)));
   if (UCS_PTR_IS_PTR(request)) {
     if (ucp_request_check_status(request) == UCS_INPROGRESS) {
-      gave_up_transfer_ = true;
-      abandoned_receives_.push_back(std::move(buffer));
+      give_up(request, std::move(buffer));
+    } else {
+      ucp_request_free(request);
     }
-    ucp_request_free(request);
   }
   return received;
 }

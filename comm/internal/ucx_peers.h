@@ -90,8 +90,9 @@ class UcxPeers {
   // Throws if an earlier call failed: a communicator is unusable after any error.
   void check_usable() const;
 
-  // Posts a message; `payload` must stay valid until wait_sends() returns. `operation` names the
-  // collective (at most 23 characters) so a receiver can report a mismatch precisely.
+  // Posts a message. The payload is copied (UCX may read a rendezvous send's data whenever the worker
+  // progresses, after a failed call's caller freed its buffer); `operation` names the collective (at
+  // most 23 characters) so a receiver can report a mismatch precisely.
   void send(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
             std::size_t bytes);
   void wait_sends(Clock::time_point deadline);
@@ -119,14 +120,20 @@ class UcxPeers {
  private:
   struct PendingSend;
   struct Probed;
+  struct GivenUp {
+    void* request;
+    std::unique_ptr<std::string> buffer;
+  };
   Probed wait_for_message(std::uint64_t tag, std::uint64_t mask, int src, Clock::time_point deadline);
   // Posts without throwing; false (with `error` set) when the endpoint refused the send.
   bool post(int dst, MessageKind kind, std::uint64_t sequence, const char* operation, const void* payload,
             std::size_t bytes, ucs_status_t* error);
-  // Waits for `request`; past `deadline` gives it up (and `receive_buffer`, which UCX may still fill,
-  // to abandoned_receives_) and fails with a timeout.
-  void complete(void* request, Clock::time_point deadline, int peer,
-                std::unique_ptr<std::string>* receive_buffer = nullptr);
+  // Waits for `request`, which reads or writes `buffer`; past `deadline` gives both up and fails with
+  // a timeout.
+  void complete(void* request, Clock::time_point deadline, int peer, std::unique_ptr<std::string>* buffer);
+  // Keeps a request this rank stopped waiting for, and the buffer UCX may still read or write, until
+  // the destructor has closed the endpoints and can tell whether it is still in flight.
+  void give_up(void* request, std::unique_ptr<std::string> buffer);
   // Receives a probed message, header included, into a buffer of its own: a receive given up after UCX
   // matched it cannot be cancelled, and UCX goes on writing it (rendezvous data) while the worker
   // progresses, after the caller's buffer may be gone. Costs one copy into the caller's buffer.
@@ -156,9 +163,9 @@ class UcxPeers {
   // A transfer was given up while still in flight (timeout, best-effort bound): its request stays on
   // its endpoint until a forced close purges it; destroying the worker before that aborts the process.
   bool gave_up_transfer_ = false;
-  // Buffers of receives given up in flight; they live as long as anything can progress the worker.
-  std::list<std::unique_ptr<std::string>> abandoned_receives_;
-  std::string abort_payload_;
+  // Transfers given up in flight, with their buffers; they live as long as anything can progress the
+  // worker.
+  std::list<GivenUp> given_up_;
 };
 
 std::string status_text(ucs_status_t status);

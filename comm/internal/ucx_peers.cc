@@ -409,11 +409,12 @@ void UcxPeers::abort_peers(const std::string& payload, int except) {
   drain_best_effort(MessageKind::kAbort);
 }
 
-std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t length) {
+std::string UcxPeers::take_best_effort(ucp_tag_message_h message, std::size_t length,
+                                       std::optional<Clock::time_point> until) {
   auto buffer = std::make_unique<std::string>(length, '\0');
   ucp_request_param_t param{};
   void* request = ucp_tag_msg_recv_nbx(worker_.handle(), buffer->data(), buffer->size(), message, &param);
-  const auto deadline = Clock::now() + kBestEffortWait;
+  const auto deadline = until.value_or(Clock::now() + kBestEffortWait);
   while (UCS_PTR_IS_PTR(request) && ucp_request_check_status(request) == UCS_INPROGRESS && Clock::now() < deadline) {
     worker_.progress_or_wait(std::chrono::milliseconds(10));
   }
@@ -477,10 +478,14 @@ void UcxPeers::rethrow_abort(int sender, const std::string& payload) {
 }
 
 void UcxPeers::discard_unexpected_messages() {
-  // Aborts and goodbyes nobody waited for; receiving them keeps UCX from warning at worker teardown.
+  // Aborts, goodbyes and data nobody waited for; receiving them keeps UCX from warning at worker
+  // teardown. Bounded as a whole: a stopped peer's rendezvous messages would each take the full wait.
+  const auto deadline = Clock::now() + kBestEffortWait;
   ucp_tag_recv_info_t info{};
-  while (ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info)) {
-    take_best_effort(message, info.length);
+  while (Clock::now() < deadline) {
+    ucp_tag_message_h message = ucp_tag_probe_nb(worker_.handle(), 0, 0, 1, &info);
+    if (message == nullptr) return;
+    take_best_effort(message, info.length, deadline);
   }
 }
 

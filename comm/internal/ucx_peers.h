@@ -147,8 +147,10 @@ class UcxPeers {
   // A peer that vanished may have been told to abort by another rank: wait briefly for that ABORT so
   // this rank reports the root cause rather than the disconnection it caused.
   void wait_briefly_for_abort();
-  // Receives a probed message without ever throwing (bounded wait); returns its payload.
-  std::string take_best_effort(ucp_tag_message_h message, std::size_t length);
+  // Receives a probed message without ever throwing, waiting until `until` (default: the best-effort
+  // bound from now); returns its payload.
+  std::string take_best_effort(ucp_tag_message_h message, std::size_t length,
+                               std::optional<Clock::time_point> until = std::nullopt);
   void discard_unexpected_messages();
   [[noreturn]] void rethrow_abort(int sender, const std::string& payload);
   void say_goodbye();

@@ -136,6 +136,26 @@ void host_round_kernel(cudaStream_t stream, const void** slot, const void* ptr, 
   launched("host-round kernel");
 }
 
+__global__ void copy_bytes_kernel(unsigned char* dst, const unsigned char* src, std::int64_t bytes) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  const bool vectors = ((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src)) & 15) == 0;
+  std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  std::int64_t tail = 0;
+  if (vectors) {
+    const std::int64_t n = bytes / 16;
+    for (std::int64_t v = i; v < n; v += stride) reinterpret_cast<uint4*>(dst)[v] = reinterpret_cast<const uint4*>(src)[v];
+    tail = n * 16;
+  }
+  for (std::int64_t b = tail + i; b < bytes; b += stride) dst[b] = src[b];
+}
+
+void copy_bytes(cudaStream_t stream, void* dst, const void* src, std::int64_t bytes) {
+  if (bytes <= 0) return;
+  copy_bytes_kernel<<<blocks_for(bytes / 16 + 1), 256, 0, stream>>>(static_cast<unsigned char*>(dst),
+                                                                    static_cast<const unsigned char*>(src), bytes);
+  launched("copy kernel");
+}
+
 void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes) {
   if (bytes <= 0) return;
   gather<<<blocks_for(size * bytes / 16 + 1), 256, 0, stream>>>(ptrs, size, static_cast<unsigned char*>(recv), bytes);

@@ -31,6 +31,10 @@ void flag_round_kernel(cudaStream_t stream, std::uint32_t* flags, const void** p
 void host_round_kernel(cudaStream_t stream, const void** slot, const void* ptr, std::uint32_t* progress,
                        std::uint32_t done, std::uint32_t* executed);
 
+// dst[0 .. bytes) = src[0 .. bytes) by a kernel, either side device or page-locked host memory (UVA):
+// the copy runs on the stream's compute queue, not a copy engine's (rig_ranks.h, PinnedStage with
+// GTP_RIG_STAGE=kernel).
+void copy_bytes(cudaStream_t stream, void* dst, const void* src, std::int64_t bytes);
 // recv[r * bytes ...] = ptrs[r][0 .. bytes) for every r (skipped where it is recv's own segment).
 void all_gather(cudaStream_t stream, const void* const* ptrs, int size, void* recv, std::int64_t bytes);
 // recv[i] = (sum over r of ptrs[r][rank * count + i]) / size, summed from rank + 1 round to rank, the

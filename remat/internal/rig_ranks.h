@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "remat/internal/one_gpu_rig_kernels.h"
 #include "remat/one_gpu_rig.h"
 
 namespace gtp::remat::testing {
@@ -51,9 +52,13 @@ inline std::vector<OneGpuRig::Flags> rig_flag_modes() {
 // cudaHostAlloc itself may wait for the device, while a peer may be waiting for this rank.
 // upload / download copy through it on `stream`; downloads land in their host destination at finish()
 // (after synchronizing `stream`), which also makes the stage's room free again.
+// The copies are cudaMemcpyAsync, or with GTP_RIG_STAGE=kernel kernels (rig::copy_bytes) on the
+// stream's compute queue: a test of the suspected cause of one_gpu_rig_test's stalls (docs/rig.md),
+// the ranks' copies sharing the device's few copy-engine queues in submission order, where one rank's
+// download queued behind its own collective (waiting for a peer) could hold back a peer's upload.
 class PinnedStage {
  public:
-  explicit PinnedStage(std::int64_t bytes) : bytes_(bytes) {
+  explicit PinnedStage(std::int64_t bytes) : bytes_(bytes), copy_engine_(copy_engine_from_env()) {
     if (cudaHostAlloc(&base_, static_cast<std::size_t>(bytes), cudaHostAllocDefault) != cudaSuccess) {
       throw std::runtime_error("one-GPU rig test: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed");
     }
@@ -66,12 +71,12 @@ class PinnedStage {
     if (bytes <= 0) return;
     char* staged = take(bytes);
     std::memcpy(staged, host, static_cast<std::size_t>(bytes));
-    check(cudaMemcpyAsync(device, staged, static_cast<std::size_t>(bytes), cudaMemcpyHostToDevice, stream));
+    copy(device, staged, bytes, stream);
   }
   void download(void* host, const void* device, std::int64_t bytes, cudaStream_t stream) {
     if (bytes <= 0) return;
     char* staged = take(bytes);
-    check(cudaMemcpyAsync(staged, device, static_cast<std::size_t>(bytes), cudaMemcpyDeviceToHost, stream));
+    copy(staged, device, bytes, stream);
     pending_.push_back({host, staged, bytes});
   }
   void finish(cudaStream_t stream) {
@@ -87,6 +92,17 @@ class PinnedStage {
     const char* staged;
     std::int64_t bytes;
   };
+  static bool copy_engine_from_env() {
+    const char* v = std::getenv("GTP_RIG_STAGE");
+    return v == nullptr || std::strcmp(v, "kernel") != 0;
+  }
+  void copy(void* dst, const void* src, std::int64_t bytes, cudaStream_t stream) {
+    if (copy_engine_) {
+      check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream));
+    } else {
+      rig::copy_bytes(stream, dst, src, bytes);
+    }
+  }
   static void check(cudaError_t e) {
     if (e != cudaSuccess) throw std::runtime_error(std::string("one-GPU rig test copy: ") + cudaGetErrorString(e));
   }
@@ -101,6 +117,7 @@ class PinnedStage {
   }
   void* base_ = nullptr;
   std::int64_t bytes_, used_ = 0;
+  bool copy_engine_;
   std::vector<Pending> pending_;
 };
 

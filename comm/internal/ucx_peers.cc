@@ -172,7 +172,7 @@ UcxPeers::~UcxPeers() {
   // up on is the exception: only a forced close purges its request.
   const auto deadline = Clock::now() + kBestEffortWait;
   for (auto& [rank, endpoint] : endpoints_) {
-    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || gave_up_transfer_, deadline);
+    close_endpoint(worker_, *endpoint, endpoint->failure != UCS_OK || !given_up_.empty(), deadline);
   }
   discard_unexpected_messages();
   // A flush can finish with a rendezvous send still waiting for a peer that stopped (SIGSTOP) or gave
@@ -320,7 +320,6 @@ void UcxPeers::complete(void* request, Clock::time_point deadline, int peer, std
 }
 
 void UcxPeers::give_up(void* request, std::unique_ptr<std::string> buffer) {
-  gave_up_transfer_ = true;
   given_up_.push_back({request, std::move(buffer)});
 }
 

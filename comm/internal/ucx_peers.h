@@ -162,11 +162,9 @@ class UcxPeers {
   std::map<int, std::unique_ptr<Endpoint>> endpoints_;
   std::list<PendingSend> pending_sends_;
   std::string failure_;  // the first error; non-empty once the communicator failed
-  // A transfer was given up while still in flight (timeout, best-effort bound): its request stays on
-  // its endpoint until a forced close purges it; destroying the worker before that aborts the process.
-  bool gave_up_transfer_ = false;
-  // Transfers given up in flight, with their buffers; they live as long as anything can progress the
-  // worker.
+  // Transfers given up in flight (timeout, best-effort bound), with their buffers; they live as long as
+  // anything can progress the worker. Such a request stays on its endpoint until a forced close purges
+  // it; destroying the worker before that aborts the process.
   std::list<GivenUp> given_up_;
 };
 

@@ -1,10 +1,10 @@
 #include "comm/launcher.h"
 
+#include "comm/internal/loopback_port.h"
+
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,21 +32,6 @@ constexpr std::chrono::milliseconds kGracePeriod{3000};
 volatile sig_atomic_t g_stop_signal = 0;
 
 void on_stop_signal(int signal) { g_stop_signal = signal; }
-
-// A loopback port nobody listens on now; rank 0 listens on it next.
-int free_loopback_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw std::runtime_error(std::string("gtp-launch: cannot find a free loopback port: ") + std::strerror(errno));
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
 
 // One output stream of one rank, split into prefixed lines.
 struct Stream {
@@ -140,7 +125,12 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
 }
 
 int launch(const LaunchOptions& options) {
-  const int port = free_loopback_port();
+  int port = 0;
+  try {
+    port = internal::unused_loopback_port();
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("gtp-launch: ") + e.what());
+  }
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, on_stop_signal);
   signal(SIGTERM, on_stop_signal);

@@ -3,13 +3,9 @@
 #include "comm/ucx_bootstrap.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cstdlib>
 
 #include "comm/errors.h"
+#include "comm/internal/loopback_port.h"
 #include "comm/internal/test_util.h"
 
 namespace gtp::comm {
@@ -18,6 +14,7 @@ namespace {
 using internal::exercise_bootstrap;
 using internal::rethrow_first;
 using internal::run_ranks;
+using internal::unused_loopback_port;
 using std::chrono::milliseconds;
 
 UcxBootstrapConfig loopback(int rank, int world_size, int port, milliseconds timeout) {
@@ -30,27 +27,12 @@ UcxBootstrapConfig loopback(int rank, int world_size, int port, milliseconds tim
   return config;
 }
 
-// A port nobody listens on right now (the kernel picks it), for a root to listen on.
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    std::abort();
-  }
-  close(fd);
-  return ntohs(address.sin_port);
-}
-
 // Runs `body` on every rank of a loopback job. `world_size_of(rank)` lets a test give one rank a wrong
 // world size.
 std::vector<std::exception_ptr> run_job(int world_size, milliseconds timeout,
                                         const std::function<void(UcxBootstrap&)>& body,
                                         const std::function<int(int)>& world_size_of = nullptr) {
-  const int port = free_port();
+  const int port = unused_loopback_port();
   return run_ranks(world_size, [&](int rank) {
     UcxBootstrap bootstrap(loopback(rank, world_size_of ? world_size_of(rank) : world_size, port, timeout));
     body(bootstrap);
@@ -88,7 +70,7 @@ TEST(UcxBootstrap, CollectivesDeliverEveryRanksData) {
 // GTP_ROOT_ADDR): the first job's closed connections on the root port sit in TIME_WAIT, and without
 // address reuse the second root cannot listen there.
 TEST(UcxBootstrap, JobsBackToBackOnOnePortBothBootstrap) {
-  const int port = free_port();
+  const int port = unused_loopback_port();
   for (int job = 0; job < 3; ++job) {
     SCOPED_TRACE("job " + std::to_string(job));
     rethrow_first(run_ranks(2, [&](int rank) {
@@ -104,7 +86,7 @@ TEST(UcxBootstrap, RootListensOnAFreePortWhenGivenZero) {
 }
 
 TEST(UcxBootstrap, UnreachableRootFailsWithinTheTimeout) {
-  const int port = free_port();
+  const int port = unused_loopback_port();
   const auto start = std::chrono::steady_clock::now();
   try {
     UcxBootstrap bootstrap(loopback(1, 2, port, milliseconds(1500)));
@@ -119,7 +101,7 @@ TEST(UcxBootstrap, UnreachableRootFailsWithinTheTimeout) {
 TEST(UcxBootstrap, MissingRankMakesTheRootTimeOut) {
   const auto start = std::chrono::steady_clock::now();
   try {
-    UcxBootstrap bootstrap(loopback(0, 2, free_port(), milliseconds(1000)));
+    UcxBootstrap bootstrap(loopback(0, 2, unused_loopback_port(), milliseconds(1000)));
     FAIL() << "the root returned without rank 1";
   } catch (const CommError& e) {
     EXPECT_TRUE(e.timed_out());
@@ -136,7 +118,7 @@ TEST(UcxBootstrap, MismatchedWorldSizeFailsOnBothSides) {
 }
 
 TEST(UcxBootstrap, TwoProcessesClaimingOneRankFail) {
-  const int port = free_port();
+  const int port = unused_loopback_port();
   const auto errors = run_ranks(3, [&](int thread) {
     UcxBootstrap bootstrap(loopback(thread == 0 ? 0 : 1, 3, port, milliseconds(10000)));  // threads 1 and 2 say rank 1
   });

@@ -75,8 +75,10 @@ class DepartedPeerBootstrapDouble : public Bootstrap {
 };
 
 // The connect to a worker that is gone is usually refused at once on loopback, and ucp_ep_create fails.
-// With several comm suites running in parallel it succeeded in 1 run of 4 (why is not established), and
-// then the first collective must fail instead. Either way the error names rank 1, well before a hang.
+// With several comm suites running in parallel it succeeded in 1 run of 4, and then the first
+// collective must fail instead. Not proven, but likely: the departed worker's TCP listener had a port of
+// the ephemeral range, which another process's UCX worker (they open several port-0 listeners each)
+// can bind again before the connect. Either way the error names rank 1, well before a hang.
 TEST(HostComm, PeerGoneBeforeConnectingIsNamed) {
   std::string departed;
   {

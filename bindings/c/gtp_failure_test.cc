@@ -87,15 +87,11 @@ void expect_destroy_after_timeout_recovers(const std::string& mode) {
   const std::string output = run(2, "timeout-destroy " + std::to_string(rounds) + " " + mode);
   EXPECT_EQ(output.find("Assertion"), std::string::npos) << output;
   for (int r = 0; r < 2; ++r) {
-    const std::regex failed("\\[" + std::to_string(r) + "\\] rank " + std::to_string(r) +
-                            ": failing materialize status=GTP_ERROR_(TIMEOUT|SYSTEM)");
-    const std::regex destroyed("\\[" + std::to_string(r) + "\\] rank " + std::to_string(r) +
-                               ": destroy after failure status=GTP_SUCCESS");
-    EXPECT_EQ(std::distance(std::sregex_iterator(output.begin(), output.end(), failed), std::sregex_iterator()), rounds)
-        << output;
-    EXPECT_EQ(std::distance(std::sregex_iterator(output.begin(), output.end(), destroyed), std::sregex_iterator()),
-              rounds)
-        << output;
+    const std::string rank = "\\[" + std::to_string(r) + "\\] rank " + std::to_string(r);
+    EXPECT_EQ(count(output, rank + ": failing materialize status=GTP_ERROR_(TIMEOUT|SYSTEM)"), rounds) << output;
+    EXPECT_EQ(count(output, rank + ": destroy after failure status=GTP_SUCCESS"), rounds) << output;
+    EXPECT_EQ(count(output, rank + ": create status=GTP_SUCCESS"), rounds + 1) << output;
+    EXPECT_EQ(count(output, rank + ": setup status=GTP_SUCCESS"), rounds + 1) << output;
     EXPECT_NE(line_of(output, r, "working materialize").find("status=GTP_SUCCESS"), std::string::npos) << output;
     EXPECT_NE(output.find("[" + std::to_string(r) + "] rank " + std::to_string(r) + ": done"), std::string::npos)
         << output;

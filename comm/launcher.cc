@@ -1,7 +1,5 @@
 #include "comm/launcher.h"
 
-#include "comm/internal/loopback_port.h"
-
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,6 +15,8 @@
 #include <cstring>
 #include <stdexcept>
 #include <thread>
+
+#include "comm/internal/loopback_port.h"
 
 namespace gtp::comm {
 namespace {

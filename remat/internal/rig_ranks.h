@@ -71,12 +71,12 @@ class PinnedStage {
     if (bytes <= 0) return;
     char* staged = take(bytes);
     std::memcpy(staged, host, static_cast<std::size_t>(bytes));
-    copy(device, staged, bytes, stream);
+    copy(device, staged, bytes, cudaMemcpyHostToDevice, stream);
   }
   void download(void* host, const void* device, std::int64_t bytes, cudaStream_t stream) {
     if (bytes <= 0) return;
     char* staged = take(bytes);
-    copy(staged, device, bytes, stream);
+    copy(staged, device, bytes, cudaMemcpyDeviceToHost, stream);
     pending_.push_back({host, staged, bytes});
   }
   void finish(cudaStream_t stream) {
@@ -96,9 +96,9 @@ class PinnedStage {
     const char* v = std::getenv("GTP_RIG_STAGE");
     return v == nullptr || std::strcmp(v, "kernel") != 0;
   }
-  void copy(void* dst, const void* src, std::int64_t bytes, cudaStream_t stream) {
+  void copy(void* dst, const void* src, std::int64_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
     if (copy_engine_) {
-      check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), cudaMemcpyDefault, stream));
+      check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(bytes), kind, stream));
     } else {
       rig::copy_bytes(stream, dst, src, bytes);
     }

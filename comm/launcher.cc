@@ -23,7 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage = "usage: gtp-launch -n N [--timeout SECONDS] -- COMMAND [ARGS...]";
+constexpr const char* kUsage = "usage: gtp-launch -n N [--timeout SECONDS] [--share-gpu] -- COMMAND [ARGS...]";
 constexpr double kMinTimeoutSeconds = 0.001, kMaxTimeoutSeconds = 365.0 * 24 * 3600;
 // How long ranks get between SIGTERM and SIGKILL, and how long the launcher keeps reading output
 // that a rank's leftover children still write after every rank exited.
@@ -66,7 +66,8 @@ int exit_status(int wait_status) {
   return 1;
 }
 
-[[noreturn]] void exec_rank(const LaunchOptions& options, int rank, int port, int out_fd, int err_fd) {
+[[noreturn]] void exec_rank(const LaunchOptions& options, int rank, int port, const std::string& launch_id, int out_fd,
+                            int err_fd) {
   setpgid(0, 0);  // its own process group, so stopping it also stops what it started
   signal(SIGPIPE, SIG_DFL);  // the launcher ignores SIGPIPE; an ignored signal would survive exec
   dup2(out_fd, STDOUT_FILENO);
@@ -74,6 +75,9 @@ int exit_status(int wait_status) {
   setenv("GTP_RANK", std::to_string(rank).c_str(), 1);
   setenv("GTP_WORLD_SIZE", std::to_string(options.world_size).c_str(), 1);
   setenv("GTP_ROOT_ADDR", ("127.0.0.1:" + std::to_string(port)).c_str(), 1);
+  if (options.share_gpu) {
+    for (const auto& [name, value] : shared_gpu_environment(rank, launch_id)) setenv(name.c_str(), value.c_str(), 1);
+  }
   std::vector<char*> argv;
   for (const std::string& arg : options.command) argv.push_back(const_cast<char*>(arg.c_str()));
   argv.push_back(nullptr);
@@ -83,6 +87,17 @@ int exit_status(int wait_status) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::string>> shared_gpu_environment(int rank, const std::string& launch_id) {
+  return {{"NCCL_HOSTID", "gtp-shared-gpu-" + launch_id + "-rank" + std::to_string(rank)},
+          {"NCCL_SOCKET_IFNAME", "lo"},
+          {"NCCL_IB_DISABLE", "1"},
+          {"NCCL_NVLS_ENABLE", "0"},
+          {"LOCAL_RANK", "0"},
+          {"GTP_LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "1"},
+          {"GTP_SHARED_GPU", "1"}};
+}
 
 LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
   LaunchOptions options;
@@ -114,6 +129,8 @@ LaunchOptions parse_launch_args(const std::vector<std::string>& args) {
                                     "or leave --timeout out for no limit\n" + kUsage);
       }
       options.timeout = std::chrono::milliseconds(static_cast<long long>(std::llround(seconds * 1000)));
+    } else if (arg == "--share-gpu") {
+      options.share_gpu = true;
     } else {
       throw std::invalid_argument("unknown argument \"" + arg + "\" (put the command after --)\n" + kUsage);
     }
@@ -135,6 +152,8 @@ int launch(const LaunchOptions& options) {
   signal(SIGINT, on_stop_signal);
   signal(SIGTERM, on_stop_signal);
 
+  // Distinct per launch (the launcher's pid and the port), so two jobs on one machine never share a host id.
+  const std::string launch_id = std::to_string(getpid()) + "-" + std::to_string(port);
   std::vector<Rank> ranks(options.world_size);
   std::vector<Stream> streams;
   for (int r = 0; r < options.world_size; ++r) {
@@ -144,7 +163,7 @@ int launch(const LaunchOptions& options) {
     }
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error(std::string("gtp-launch: fork: ") + std::strerror(errno));
-    if (pid == 0) exec_rank(options, r, port, out[1], err[1]);
+    if (pid == 0) exec_rank(options, r, port, launch_id, out[1], err[1]);
     setpgid(pid, pid);  // also here, so a stop signal cannot race the child's own setpgid
     close(out[1]);
     close(err[1]);

@@ -34,6 +34,36 @@ TEST(Launcher, GivesEveryRankItsEnvironmentAndPrefixesItsOutput) {
   EXPECT_EQ(addresses.size(), 1u) << "every rank must get the same root address";
 }
 
+// --share-gpu: each rank a host of its own for NCCL (distinct NCCL_HOSTID, distinct across launches
+// too), loopback sockets, no InfiniBand, no NVLS, local rank 0; the caller's own values replaced.
+TEST(Launcher, ShareGpuMakesEveryRankAHostOfItsOwnOnLoopback) {
+  const std::string print =
+      " -- sh -c 'echo host=$NCCL_HOSTID if=$NCCL_SOCKET_IFNAME ib=$NCCL_IB_DISABLE nvls=$NCCL_NVLS_ENABLE "
+      "local=$LOCAL_RANK/$GTP_LOCAL_RANK/$LOCAL_WORLD_SIZE shared=$GTP_SHARED_GPU'";
+  const std::string caller = "env NCCL_HOSTID=same NCCL_SOCKET_IFNAME=eth0 NCCL_NVLS_ENABLE=1 LOCAL_RANK=3 ";
+  std::set<std::string> hosts;
+  for (int launch = 0; launch < 2; ++launch) {
+    const auto result = run_shell(caller + g_launcher + " -n 3 --share-gpu" + print);
+    ASSERT_EQ(result.status, 0) << result.output;
+    for (int r = 0; r < 3; ++r) {
+      const std::regex line("\\[" + std::to_string(r) +
+                            "\\] host=(gtp-shared-gpu-[0-9]+-[0-9]+-rank" + std::to_string(r) +
+                            ") if=lo ib=1 nvls=0 local=0/0/1 shared=1");
+      std::smatch match;
+      ASSERT_TRUE(std::regex_search(result.output, match, line)) << result.output;
+      hosts.insert(match[1]);
+    }
+  }
+  EXPECT_EQ(hosts.size(), 6u) << "every rank of every launch needs its own NCCL host id";
+  // Without the flag the launcher leaves NCCL's environment alone.
+  const auto plain = run_shell("env -u NCCL_HOSTID -u GTP_SHARED_GPU " + g_launcher + " -n 2" + print);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  EXPECT_TRUE(contains(plain.output, "[1] host= if=")) << plain.output;
+  EXPECT_FALSE(contains(plain.output, "shared=1")) << plain.output;
+  EXPECT_TRUE(parse_launch_args({"-n", "2", "--share-gpu", "--", "p"}).share_gpu);
+  EXPECT_FALSE(parse_launch_args({"-n", "2", "--", "p"}).share_gpu);
+}
+
 TEST(Launcher, AFailingRankStopsTheOthersAndSetsTheStatus) {
   const auto start = Clock::now();
   const auto result = run_shell(g_launcher + " -n 3 -- sh -c 'if [ $GTP_RANK = 1 ]; then exit 3; fi; sleep 60'");

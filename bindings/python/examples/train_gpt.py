@@ -35,6 +35,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import gtp  # noqa: E402
 import gtp.torch as gt  # noqa: E402
+from gtp import shared_gpu  # noqa: E402
 
 # Loss gap to GTP off allowed per wire (max over steps of |loss_on - loss_off| / loss_off). BF16: 0
 # on CPU (bit-identical), a GPU's GEMMs may differ run to run. The quantized wires round the weights
@@ -133,7 +134,7 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
     """One run: wire None = GTP off. load: a full state dict to start from (any G); save: a path for
     this rank's state dict after the last step. Returns the losses (mean over data ranks) per step,
     stats, and with load whether every sharded weight holds exactly its rows of the checkpoint."""
-    device = torch.device(f"cuda:{rank}") if config["backend"] == "cuda" else torch.device("cpu")
+    device = cuda_device(rank) if config["backend"] == "cuda" else torch.device("cpu")
     context = None
     if wire is not None:
         profile = None
@@ -192,7 +193,7 @@ def init_rank(rank, world, store_dir, config):
         # the BF16 wire can be compared bit for bit on the GPU too.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(cuda_device(rank))
     store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
     backend = "nccl" if config["backend"] == "cuda" else "gloo"
     torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world)
@@ -266,7 +267,14 @@ def summarize(results, config):
     return summary
 
 
+def cuda_device(rank):
+    """One GPU per rank, or with --share-gpu the one GPU every rank shares (gtp.shared_gpu)."""
+    return torch.device("cuda", shared_gpu.device_index(rank, torch.cuda.device_count()))
+
+
 def _entry(target, rank, world, store_dir, config, queue):
+    if config.get("share_gpu"):  # before NCCL initialises in this process
+        shared_gpu.apply(rank, config["share_gpu"])
     try:
         queue.put((rank, target(rank, world, store_dir, config)))
     except BaseException as e:  # noqa: BLE001
@@ -314,12 +322,17 @@ def main():
                         help="GTP on keeps each weight gathered from its first forward to the next re-pack")
     parser.add_argument("--fill-graphs", type=int, default=0, metavar="N",
                         help="GTP on keeps up to N fills per group as graphs, launched instead of enqueued (0: off)")
+    parser.add_argument("--share-gpu", action="store_true",
+                        help="the ranks are real NCCL peers on ONE GPU (gtp.shared_gpu; correctness only, timings "
+                             "mean nothing: docs/real-peers.md)")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args()
     overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w],
                  "keep_gathered": args.keep_gathered, "fill_graphs": args.fill_graphs}
     if args.backend:
         overrides["backend"] = args.backend
+    if args.share_gpu:
+        overrides["share_gpu"] = str(os.getpid())  # the launch id: distinct NCCL host ids per job
     if args.fill_graphs < 0:
         parser.error(f"--fill-graphs {args.fill_graphs}: give 0 (off) or the most fill graphs per group")
     if args.reshard_to is not None and args.reshard_to < 1:

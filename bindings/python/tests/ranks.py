@@ -1,5 +1,6 @@
 """Runs a function on N ranks as N spawned processes sharing a store folder (no launcher needed)."""
 import contextlib
+import itertools
 import multiprocessing
 import os
 import pickle
@@ -8,6 +9,7 @@ import tempfile
 import traceback
 
 
+_launches = itertools.count()
 RANK_THREADS = 1  # torch threads per rank: the same CPU GEMM path on every run, and fair on a shared machine
 
 
@@ -25,7 +27,10 @@ def rank_threads():
         torch.set_num_threads(saved)
 
 
-def _entry(fn, rank, world_size, store_dir, args, results):
+def _entry(fn, rank, world_size, store_dir, args, results, share_gpu):
+    if share_gpu:  # real NCCL peers on one GPU: before anything in this process initialises NCCL
+        from gtp import shared_gpu
+        shared_gpu.apply(rank, share_gpu)
     torch = sys.modules.get("torch")  # imported by fn's module, if it uses torch at all
     if torch is not None:
         torch.set_num_threads(RANK_THREADS)
@@ -36,13 +41,15 @@ def _entry(fn, rank, world_size, store_dir, args, results):
         results.put((rank, False, traceback.format_exc()))
 
 
-def run_ranks(fn, world_size, *args, timeout_s=240):
+def run_ranks(fn, world_size, *args, timeout_s=240, share_gpu=False):
     """fn(rank, world_size, store_dir, *args) on every rank; returns the results by rank, or raises
-    with every failing rank's traceback. fn must be importable (a module-level function)."""
+    with every failing rank's traceback. fn must be importable (a module-level function). share_gpu:
+    the ranks are real NCCL peers on the one GPU (gtp.shared_gpu; correctness only)."""
+    launch_id = f"{os.getpid()}-{next(_launches)}" if share_gpu else None
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     with tempfile.TemporaryDirectory() as store_dir:
-        processes = [context.Process(target=_entry, args=(fn, r, world_size, store_dir, args, results))
+        processes = [context.Process(target=_entry, args=(fn, r, world_size, store_dir, args, results, launch_id))
                      for r in range(world_size)]
         for p in processes:
             p.start()

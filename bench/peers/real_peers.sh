@@ -28,6 +28,8 @@ for s in $steps; do
   case " $all_steps " in *" $s "*) ;; *) echo "real_peers.sh: unknown step '$s'; steps: $all_steps" >&2; exit 2 ;; esac
 done
 
+# Staged binaries travel compressed (the device tool carries 64 MiB).
+[ -d .carry/bin ] || { [ -f .carry/bin.tar.xz ] && tar xJf .carry/bin.tar.xz -C .carry; }
 source bench/gpu_env.sh
 python3 - <<'PY' || { echo "real_peers.sh: unpacking .carry failed (stage with bench/megatron/stage_megatron.sh)"; exit 1; }
 import glob, tarfile, zipfile

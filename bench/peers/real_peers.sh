@@ -8,6 +8,7 @@
 #   h2h_g2 h2h_g4      bench/megatron/head_to_head.py: libgtp vs Megatron's GTP vs GTP off, NCCL counts
 #   runtime_g2 runtime_g4 runtime_g8   tests/real_peers:real_peers_runtime_test at that G
 #   failure            tests/real_peers:real_peers_failure_test (killed, stopped peers; divergence)
+#   diverge            failure_worker's divergence scenario alone, its ranks' lines printed
 #   train_g2 train_g4  train_gpt.py --share-gpu: gtp.torch on every wire against GTP off
 #   te                 bindings/python/tests/test_real_peers_te.py: TE's layers at G = 2 and 4
 #   memcheck           compute-sanitizer memcheck on every process of the runtime worker (G = 2, one case)
@@ -22,7 +23,7 @@ mkdir -p "$out"
 work=$(mktemp -d)
 deadline=$(( $(date +%s) + ${GTP_DEADLINE:-570} ))
 bin=$PWD/.carry/bin
-all_steps="h2h_g2 runtime_g2 failure te train_g2 runtime_g4 h2h_g4 train_g4 memcheck runtime_g8"
+all_steps="h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 train_g4 memcheck runtime_g8"
 steps=${*:-$all_steps}
 for s in $steps; do
   case " $all_steps " in *" $s "*) ;; *) echo "real_peers.sh: unknown step '$s'; steps: $all_steps" >&2; exit 2 ;; esac
@@ -74,6 +75,9 @@ for step in $steps; do
       timed 400 "$step" env GTP_REAL_PEERS_SIZES="$g" "$bin/real_peers_runtime_test" "$bin/gtp-launch" "$bin/runtime_worker" \
         --gtest_output="json:$work/$step.gtest.json"
       grep -E "^\[ +(OK|FAILED|PASSED|SKIPPED) +\]" "$work/$step.log" | tail -n 4 ;;
+    diverge)
+      timed 120 diverge env NCCL_DEBUG=WARN "$bin/gtp-launch" --share-gpu -n 2 --timeout 100 -- "$bin/failure_worker" diverge
+      grep -E "rank [0-9]+:" "$work/diverge.log" ;;
     failure)
       timed 300 failure "$bin/real_peers_failure_test" "$bin/gtp-launch" "$bin/failure_worker" \
         --gtest_output="json:$work/failure.gtest.json"
@@ -88,8 +92,9 @@ for step in $steps; do
         --junitxml="$work/te.junit.xml"
       grep -E "passed|failed|G = " "$work/te.log" | tail -n 4 ;;
     memcheck)
+      # API errors not reported: NCCL probes kernels without an sm_90 image (cudaFuncGetAttributes).
       timed 400 memcheck "$bin/gtp-launch" --share-gpu -n 2 --timeout 380 -- compute-sanitizer --tool memcheck \
-        --error-exitcode 9 "$bin/runtime_worker" --gtest_filter=RealPeersRuntime.KeepGatheredMatchesTheHostBackend
+        --report-api-errors no --error-exitcode 9 "$bin/runtime_worker" --gtest_filter=RealPeersRuntime.KeepGatheredMatchesTheHostBackend
       grep -E "ERROR SUMMARY|PASSED|FAILED" "$work/memcheck.log" ;;
   esac
 done

@@ -178,6 +178,7 @@ void diverge(int world) {
   status = step(ctx, mine, stream);
   report("diverging step", status, start, ctx);
   if (status == GTP_SUCCESS) status = wait_watched(ctx, stream, std::chrono::milliseconds(60000));
+  report("stream after the diverging step", status, start, ctx);
   // The device found the mismatch; the next call (here the watchdog poll) raises it.
   if (status == GTP_SUCCESS) status = gtp_context_check(ctx);
   report("after the diverging step", status, start, ctx);

@@ -31,10 +31,11 @@ Line find(const std::string& output, int r, const std::string& what) {
   return {match[1], match[3], std::stoll(match[2])};
 }
 
-std::string run(int g, const std::string& scenario) {
+// A hang shows as gtp-launch's timeout (exit 124) with every rank's lines printed.
+std::string run(int g, const std::string& scenario, int timeout_s = 150) {
   const auto result = gtp::comm::internal::run_shell("env -u XML_OUTPUT_FILE -u GTEST_OUTPUT -u TEST_PREMATURE_EXIT_FILE " +
                                                      g_launcher + " --share-gpu -n " + std::to_string(g) +
-                                                     " --timeout 600 -- " + g_worker + " " + scenario);
+                                                     " --timeout " + std::to_string(timeout_s) + " -- " + g_worker + " " + scenario);
   EXPECT_EQ(result.status, 0) << result.output;
   return result.output;
 }

@@ -3,8 +3,9 @@
 on libgtp next to the same TE layer without GTP, on its own data. Per step: the output and the input
 grad equal the plain layer's bit for bit (the gathered weight is the whole weight; on the FP8 wire TE's
 own current-scaling codes, the amax reduced over the group); each weight grad equals the mean over the
-ranks of the plain layers' FP32 wgrads, this rank's rows, in BF16 (bit for bit at G = 2, where a sum of
-two rounds one way; within one BF16 ulp at G = 4, where NCCL's summation order may round differently);
+ranks of the plain layers' FP32 wgrads (TE's fused accumulation on both sides), this rank's rows (bit
+for bit at G = 2, where a sum of two rounds one way; within 1e-6 relative at G = 4, where NCCL's
+summation order may round differently);
 after the optimizer step the shard equals the plain layer's rows. Skips without a GPU or without TE."""
 import os
 import sys
@@ -57,21 +58,21 @@ def _rank(rank, world, store_dir):
     for kind in KINDS:
         for mode, (wire, fp8) in MODES.items():
             store = torch.distributed.FileStore(os.path.join(store_dir, f"ctx_{kind}_{mode}"), world)
+            # Both accumulate their wgrads in FP32 through TE's fused path (the plain layer into its
+            # main_grad, libgtp's into its grad buffer), so both means are of the same FP32 values.
             torch.manual_seed(0)
-            # The plain layer accumulates its wgrad in FP32 (TE's fused path into main_grad), as libgtp's
-            # grad buffer receives it, so that both means are of the same FP32 values.
             ref = _layer(kind, fuse=True)
             for w_ref in _weights(ref):
                 w_ref.main_grad = torch.zeros_like(w_ref, dtype=torch.float32)
             torch.manual_seed(0)
-            layer = _layer(kind)
+            layer = _layer(kind, fuse=True)
             with gt.Context(store, rank, world, backend="cuda", prefetch_depth=1, timeout_s=300) as ctx:
                 sharded = gt.te.distribute(layer, ctx, wire=wire)
                 assert len(sharded) == len(_weights(layer))
                 opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
                 opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
                 ctx.attach_optimizer(opt)
-                worst_ulps = 0
+                worst = 0.0
                 for step in range(STEPS):
                     x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16,
                                     generator=torch.Generator("cuda").manual_seed(1000 * step + rank))
@@ -86,23 +87,27 @@ def _rank(rank, world, store_dir):
                     for w_ref, w in zip(_weights(ref), _weights(layer)):
                         mean = w_ref.main_grad / world  # libgtp pre-scales by 1/G, then sums in FP32
                         torch.distributed.all_reduce(mean)
-                        mean = mean.to(w_ref.dtype)
-                        w_ref.main_grad.zero_()
                         g = w.geometry
-                        expected = mean[g.row_start:g.row_start + g.valid_rows]
-                        got = w.grad
-                        assert got.dtype == expected.dtype and got.shape == expected.shape, where
-                        ulps = (got.view(torch.int16).int() - expected.view(torch.int16).int()).abs().max().item() \
-                            if got.numel() else 0
-                        worst_ulps = max(worst_ulps, ulps)
-                        assert ulps == 0 if world == 2 else ulps <= 1, f"{where}: weight grad off by {ulps} ulp"
-                        w_ref.grad = mean  # the plain layer steps with the group's mean grad, as libgtp's shard
+                        expected, got = mean[g.row_start:g.row_start + g.valid_rows], w.main_grad
+                        assert got.shape == expected.shape, where
+                        diff = (got - expected).abs().max().item() / max(expected.abs().max().item(), 1e-30) \
+                            if got.numel() else 0.0
+                        worst = max(worst, diff)
+                        if world == 2:
+                            assert torch.equal(got, expected), f"{where}: weight grad differs by {diff:.3g} (relative)"
+                        else:
+                            assert diff <= 1e-6, f"{where}: weight grad differs by {diff:.3g} (relative)"
+                        # Both step with the group's mean grad, the plain layer on every row.
+                        w_ref.grad = mean.to(w_ref.dtype)
+                        w.grad = got.to(w.dtype)
+                        w_ref.main_grad.zero_()
+                        w.main_grad.zero_()
+                    ctx.main_grads_zeroed(_weights(layer))
                     for p_ref, p in zip(ref.parameters(), layer.parameters()):
                         if not hasattr(p, "geometry"):  # replicated (LayerNorm, bias): the mean over ranks too
-                            torch.distributed.all_reduce(p_ref.grad)
-                            p_ref.grad /= world
-                            torch.distributed.all_reduce(p.grad)
-                            p.grad /= world
+                            for q in (p_ref, p):
+                                torch.distributed.all_reduce(q.grad)
+                                q.grad /= world
                     opt_ref.step()
                     opt.step()
                     opt_ref.zero_grad()
@@ -112,9 +117,9 @@ def _rank(rank, world, store_dir):
                         rows = w_ref.detach()[g.row_start:g.row_start + g.valid_rows]
                         if world == 2:
                             assert torch.equal(w.detach(), rows), f"{where}: shard after the step"
-                        else:  # AdamW on grads that may differ by one ulp
+                        else:  # AdamW on grads that may differ in the last FP32 bits
                             torch.testing.assert_close(w.detach(), rows, rtol=0, atol=1e-3)
-            seen.append((kind, mode, worst_ulps))
+            seen.append((kind, mode, worst))
     torch.distributed.destroy_process_group()
     return seen
 
@@ -123,4 +128,4 @@ def _rank(rank, world, store_dir):
 def test_te_layers_on_real_nccl_peers_match_the_plain_layers(world):
     seen = run_ranks(_rank, world, timeout_s=900, share_gpu=True)
     assert all(len(s) == len(KINDS) * len(MODES) for s in seen)
-    print(f"G = {world}: worst weight-grad difference per (layer, mode), in BF16 ulps:", seen[0])
+    print(f"G = {world}: worst relative weight-grad difference per (layer, mode):", seen[0])

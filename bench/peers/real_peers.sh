@@ -6,6 +6,7 @@
 #   bash bench/peers/real_peers.sh [STEP...]   (default: every step, most important first)
 # Steps (G = 2 and 4 where a step says gN):
 #   h2h_g2 h2h_g4      bench/megatron/head_to_head.py: libgtp vs Megatron's GTP vs GTP off, NCCL counts
+#   h2h_g4_ring        the same at G = 4 with NCCL_ALGO=Ring for both (one reduction order)
 #   runtime_g2 runtime_g4 runtime_g8   tests/real_peers:real_peers_runtime_test at that G
 #   failure            tests/real_peers:real_peers_failure_test (killed, stopped peers; divergence)
 #   diverge            failure_worker's divergence scenario alone, its ranks' lines printed
@@ -23,7 +24,7 @@ mkdir -p "$out"
 work=$(mktemp -d)
 deadline=$(( $(date +%s) + ${GTP_DEADLINE:-570} ))
 bin=$PWD/.carry/bin
-all_steps="h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 train_g4 memcheck runtime_g8"
+all_steps="h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 h2h_g4_ring train_g4 memcheck runtime_g8"
 steps=${*:-$all_steps}
 for s in $steps; do
   case " $all_steps " in *" $s "*) ;; *) echo "real_peers.sh: unknown step '$s'; steps: $all_steps" >&2; exit 2 ;; esac
@@ -65,6 +66,10 @@ timed() {  # timed LIMIT NAME COMMAND...: NAME.log in $work, one result line
 
 for step in $steps; do
   case $step in
+    h2h_g4_ring)  # the summation-order question: both on NCCL's ring algorithm
+      timed 300 "$step" env NCCL_ALGO=Ring python3 bench/megatron/head_to_head.py --world 4 --steps 8 --variants gpt \
+        --json "$out/h2h_g4_ring.json" --commit "${GTP_COMMIT:-unknown}"
+      grep -E "^gpt rank" "$work/$step.log" ;;
     h2h_g2 | h2h_g4)
       g=${step#h2h_g}
       timed 420 "$step" python3 bench/megatron/head_to_head.py --world "$g" --steps 8 --variants gpt,fused \

@@ -6,7 +6,8 @@ own current-scaling codes, the amax reduced over the group); each weight grad eq
 ranks of the plain layers' FP32 wgrads (TE's fused accumulation on both sides), this rank's rows (bit
 for bit at G = 2, where a sum of two rounds one way; within 1e-6 relative at G = 4, where NCCL's
 summation order may round differently);
-after the optimizer step the shard equals the plain layer's rows. Skips without a GPU or without TE."""
+after an optimizer step on libgtp's reduced grads (the plain layer's made of every rank's rows of them)
+the shard equals the plain layer's rows. Skips without a GPU or without TE."""
 import os
 import sys
 
@@ -97,8 +98,13 @@ def _rank(rank, world, store_dir):
                             assert torch.equal(got, expected), f"{where}: weight grad differs by {diff:.3g} (relative)"
                         else:
                             assert diff <= 1e-6, f"{where}: weight grad differs by {diff:.3g} (relative)"
-                        # Both step with the group's mean grad, the plain layer on every row.
-                        w_ref.grad = mean.to(w_ref.dtype)
+                        # Both step with libgtp's reduced grad, the plain layer with every rank's rows of
+                        # it, so that their parameters stay equal at any G (the check above bounds it).
+                        padded = torch.zeros(g.shard_rows, got.shape[1], dtype=got.dtype, device=got.device)
+                        padded[:g.valid_rows] = got
+                        every = torch.empty(world * g.shard_rows, got.shape[1], dtype=got.dtype, device=got.device)
+                        torch.distributed.all_gather_into_tensor(every, padded)
+                        w_ref.grad = every[:mean.shape[0]].to(w_ref.dtype)
                         w.grad = got.to(w.dtype)
                         w_ref.main_grad.zero_()
                         w.main_grad.zero_()
@@ -115,10 +121,7 @@ def _rank(rank, world, store_dir):
                     for w_ref, w in zip(_weights(ref), _weights(layer)):
                         g = w.geometry
                         rows = w_ref.detach()[g.row_start:g.row_start + g.valid_rows]
-                        if world == 2:
-                            assert torch.equal(w.detach(), rows), f"{where}: shard after the step"
-                        else:  # AdamW on grads that may differ in the last FP32 bits
-                            torch.testing.assert_close(w.detach(), rows, rtol=0, atol=1e-3)
+                        assert torch.equal(w.detach(), rows), f"{where}: shard after the step"
             seen.append((kind, mode, worst))
     torch.distributed.destroy_process_group()
     return seen

@@ -88,10 +88,16 @@ def test_machinery_at_g1_runs_libgtp_and_still_matches_gtp_off_on_the_bf16_wire(
         assert torch.equal(got, want), f"item {i} differs from GTP off"
 
 
-def test_an_unknown_group_is_refused_with_the_names(tmp_path):
-    with _context(tmp_path, "groups") as ctx:
+def test_an_unknown_group_or_wire_is_refused_at_g1_too(tmp_path):
+    with _context(tmp_path, "names") as ctx:
         with pytest.raises(ValueError, match="group='experts' is unknown; use one of"):
             ctx.uses_libgtp("experts")
+        with pytest.raises(ValueError, match="group='experts' is unknown"):
+            gt.GroupedLinear(EXPERTS, MID, OUT, context=ctx, group="experts")
+        for build in (lambda: gt.Linear(IN, MID, context=ctx, wire="fp6"),
+                      lambda: gt.GroupedLinear(EXPERTS, MID, OUT, context=ctx, wire="fp6")):
+            with pytest.raises(ValueError, match="wire='fp6' is unknown"):
+                build()
 
 
 def test_checkpoints_pass_between_the_inert_and_the_machinery_forms(tmp_path):

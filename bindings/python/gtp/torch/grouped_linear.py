@@ -88,6 +88,7 @@ class GroupedLinear(torch.nn.Module):
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.context, self.wire, self.group = context, wire, group
         device = context.device if context is not None else device
+        g = context.geometry(out_features, in_features, wire, group) if context is not None else None  # checks the wire
         shard = context is not None and context.uses_libgtp(group)
         name = name or (f"grouped{len(context.parameters)}" if shard else None)
         leader = None
@@ -97,7 +98,6 @@ class GroupedLinear(torch.nn.Module):
             if not shard:
                 weight = torch.nn.Parameter(full.to(device))
             else:
-                g = context.geometry(out_features, in_features, wire, group)
                 weight = ShardedParameter(full[g.row_start:g.row_start + g.valid_rows].contiguous(), context,
                                           f"{name}.weight{i}", out_features, in_features, wire, group, leader,
                                           nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding, gemm_scales=gemm_scales)

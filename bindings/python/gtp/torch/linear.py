@@ -119,10 +119,10 @@ class Linear(torch.nn.Module):
         local = full[tp_rank * rows:(tp_rank + 1) * rows] if parallel_mode == "column" else \
             full[:, tp_rank * cols:(tp_rank + 1) * cols]
         device = context.device if context is not None else device
+        g = context.geometry(rows, cols, wire) if context is not None else None  # checks the wire at every G
         if context is None or not context.uses_libgtp("gtp_remat"):
             self.weight = torch.nn.Parameter(local.contiguous().to(device))
         else:
-            g = context.geometry(rows, cols, wire)
             name = name or f"linear{len(context.parameters)}"
             self.weight = ShardedParameter(local[g.row_start:g.row_start + g.valid_rows].contiguous(), context, name,
                                            rows, cols, wire, nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding,

@@ -2,7 +2,8 @@
 
 One part per process (bench/megatron/run_megatron_h200.sh runs each with its own time limit, so one
 failure hides nothing else):
-  gpt        GPTModel, TE layer spec, 4 layers: GTP off, libgtp at G = 1, GTP off again (control);
+  gpt        GPTModel, TE layer spec, 4 layers: GTP off, libgtp at G = 1 with its machinery on
+             (use_libgtp(machinery_at_g1=True); the default there is inert), GTP off again (control);
              FP32 main grads, BF16 main grads (DDP grad_reduce_in_fp32=False), and TE's fused wgrad
              into main_grad; asserts BF16 losses and grad norms bit-identical
   moe        the same with 4 experts in TEGroupedLinear (moe_grouped_gemm), top-2, alltoall dispatcher
@@ -66,8 +67,8 @@ def build(config, libgtp, wire="bf16", fp32_grads=True, seed=1234, fused=False):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
     gm.reset()
-    if libgtp:
-        gm.use_libgtp(wire=wire)
+    if libgtp:  # the machinery at G = 1 (what this bench checks); by default a group of one is inert
+        gm.use_libgtp(wire=wire, machinery_at_g1=True)
     torch.manual_seed(seed)
     model_parallel_cuda_manual_seed(seed)
     spec = get_gpt_layer_with_transformer_engine_spec(num_experts=config.num_moe_experts,

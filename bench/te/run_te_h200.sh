@@ -36,7 +36,7 @@ if [[ $steps == *memcheck* ]]; then
   grep -E "ERROR SUMMARY|passed|failed|Invalid|^E  " "$out/memcheck_te.log" | head -n 30
 fi
 if [[ $steps == *bench* ]]; then
-  echo "== TE stack benchmark: 8 x te.Linear(8192, 8192), G = 1, GTP off vs on"
+  echo "== TE stack benchmark: 8 x te.Linear(8192, 8192), G = 1: off, off control, inert, machinery"
   python3 bench/te/te_stack_bench.py --json "$out/te_stack_bench.json" --commit "${GTP_COMMIT:-unknown}" \
     ${GTP_TE_BENCH_ARGS:-} 2>&1 | tee "$out/te_stack_bench.log" | tail -n 20
 fi

@@ -125,7 +125,9 @@ def main():
     plain = bench.build(te, args.layers, args.hidden)
     with tempfile.TemporaryDirectory() as store_dir:
         store = torch.distributed.FileStore(os.path.join(store_dir, "store"), 1)
-        ctx = gt.Context(store, 0, 1, backend="cuda", prefetch_depth=args.depth, profile_json=bench.profile(keep, args.stream_priority))
+        # libgtp's machinery at G = 1 (what this profile looks into; the default there is inert)
+        ctx = gt.Context(store, 0, 1, backend="cuda", prefetch_depth=args.depth,
+                         profile_json=bench.profile(keep, args.stream_priority), machinery_at_g1=True)
         sharded = bench.build(te, args.layers, args.hidden)
         gt.te.distribute(sharded, ctx, wire="fp8" if args.mode == "fp8" else "bf16")
         for _ in range(args.warmup):

@@ -16,7 +16,7 @@ if python3 -c 'import pytest' 2>/dev/null; then
 else
   echo "== pytest: not installed for $(command -v python3), the gtp.torch CUDA test is not run"
 fi
-echo "== train_gpt.py: GTP off and on, CUDA backend, one GPU"
-python3 bindings/python/examples/train_gpt.py --ranks 1 --backend cuda --steps 50 \
+echo "== train_gpt.py: GTP off and on (the machinery at G = 1), CUDA backend, one GPU"
+python3 bindings/python/examples/train_gpt.py --ranks 1 --backend cuda --steps 50 --machinery-at-g1 \
   --json "$out/train_gpt_cuda.json" 2>&1 | tail -n 25
 echo "train_gpt exit: ${PIPESTATUS[0]}"

@@ -15,6 +15,9 @@ they are merged with gtp.torch.consolidate_state_dicts and loaded by M new ranks
 that wire and GTP off, which both train --reshard-steps more steps: each rank's shards must equal the
 checkpoint's rows, and the losses must agree within the wire's bound.
 
+--machinery-at-g1: at G = 1 (one rank, or --reshard-to 1) GTP on runs libgtp's machinery; without it a
+group of one is inert (the layers are GTP off exactly, gtp.torch.Context's machinery_at_g1).
+
 Parity: every rank reads its own microbatch (GTP peers are data ranks). The GTP-off run averages
 gradients in the order libgtp's host reduce-scatter sums them (gtp.ring_mean), and both runs compute
 with the BF16 weight, so on CPU the BF16-wire losses are bit-identical to GTP off.
@@ -141,7 +144,8 @@ def train(rank, world, config, wire, *, load=None, save=None, first_step=0, step
         if config.get("keep_gathered") or config.get("fill_graphs"):
             profile = json.dumps(example_profile(world, bool(config.get("keep_gathered")), config.get("fill_graphs", 0)))
         context = gt.Context(config["store"], rank, world, backend=config["backend"], device=device,
-                             prefetch_depth=2, timeout_s=120, profile_json=profile)
+                             prefetch_depth=2, timeout_s=120, profile_json=profile,
+                             machinery_at_g1=bool(config.get("machinery_at_g1")))
     counter = iter(range(1000))
 
     def linear(i, o):
@@ -325,10 +329,13 @@ def main():
     parser.add_argument("--share-gpu", action="store_true",
                         help="the ranks are real NCCL peers on ONE GPU (gtp.shared_gpu; correctness only, timings "
                              "mean nothing: docs/real-peers.md)")
+    parser.add_argument("--machinery-at-g1", action="store_true",
+                        help="at G = 1 run libgtp's machinery (default: a group of one is inert, GTP off exactly)")
     parser.add_argument("--json", help="also write the summary to this file")
     args = parser.parse_args()
     overrides = {"steps": args.steps, "wires": [w for w in args.wires.split(",") if w],
-                 "keep_gathered": args.keep_gathered, "fill_graphs": args.fill_graphs}
+                 "keep_gathered": args.keep_gathered, "fill_graphs": args.fill_graphs,
+                 "machinery_at_g1": args.machinery_at_g1}
     if args.backend:
         overrides["backend"] = args.backend
     if args.share_gpu:

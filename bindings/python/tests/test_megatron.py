@@ -11,7 +11,10 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None:
     pytest.skip("megatron-core is not installed (tools/setup.sh installs megatron-core 0.19.2)", allow_module_level=True)
 
+from types import SimpleNamespace  # noqa: E402
+
 import gtp.megatron as gm  # noqa: E402
+from counting_library import count_library_calls  # noqa: E402
 from ranks import rank_threads, run_ranks  # noqa: E402
 
 IN, OUT, VOCAB = 32, 64, 96
@@ -46,11 +49,11 @@ def _routing(rank, world, store_dir):
     graph_originals = {name: getattr(graphs, name, None) for name in ("get_ag_stream", "wait_async_comms")}
     seen = []
     for _ in range(2):  # reset lets the process start again
-        ctx = gm.use_libgtp(backend="host")
+        ctx = gm.use_libgtp(backend="host", machinery_at_g1=True)  # G = 1: the refusal below is the machinery's
         routed = {name: getattr(api, name) is not originals[name] for name in gm.API_NAMES if name != "GTPChain"}
         graph_routed = getattr(graphs, "wait_async_comms") is api.wait_async_comms
         with pytest.raises(RuntimeError, match="already called"):
-            gm.use_libgtp(backend="host")
+            gm.use_libgtp(backend="host", machinery_at_g1=True)
         with pytest.raises(RuntimeError, match="CUDA-graph"):
             api.get_ag_stream()
         with pytest.raises(RuntimeError, match="CUDA-graph"):
@@ -174,6 +177,68 @@ def _reference(r, linear, embed):
     out = torch.matmul(torch.nn.functional.embedding(r["tokens"], w_e), w_l.t())
     out.square().sum().backward()
     return out.detach(), w_l.grad, w_e.grad
+
+
+def _g1(rank, world, store_dir, libgtp):
+    """Megatron-Core's own layers at G = 1 trained one step, without gtp.megatron or after use_libgtp()
+    (its default: inert in a group of one, as Megatron's GTP at size 1), libgtp's calls counted; then
+    the two GTP entry points Megatron-Core's layers have (TE's _init_gtp_remat_context, entered by every
+    TE layer's constructor; wrap_module_params_gtp, called by its own layers at G > 1) on the size-1
+    group, Megatron-Core's own and the routed ones, as the layers call them."""
+    ps = _init(rank, world, store_dir)
+    import megatron.core.extensions.transformer_engine as te_ext  # imports without TE; its GTP hook runs on CPU
+    from megatron.core.tensor_parallel import generalized_tensor_parallelism as mgtp
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    entry_points = {"megatron": (te_ext._init_gtp_remat_context, mgtp.wrap_module_params_gtp)}
+    calls = None
+    if libgtp:
+        calls = count_library_calls(gm.use_libgtp(backend="host"))
+        import megatron.core.tensor_parallel.gtp_api as api
+        entry_points["libgtp"] = (te_ext._init_gtp_remat_context, api.wrap_module_params_gtp)
+        assert entry_points["libgtp"] != entry_points["megatron"]
+    config = _config()
+    torch.manual_seed(7)
+    embedding = VocabParallelEmbedding(VOCAB, IN, init_method=torch.nn.init.normal_, config=config)
+    column = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.normal_, bias=True,
+                                  gather_output=False)
+    row = RowParallelLinear(OUT, IN, config=config, init_method=torch.nn.init.normal_, bias=False,
+                            input_is_parallel=True, skip_bias_add=False)
+    tokens = torch.randint(0, VOCAB, (5, 3), generator=torch.Generator().manual_seed(100))
+    hidden, _ = column(embedding(tokens))
+    out, _ = row(torch.nn.functional.gelu(hidden))
+    out.float().square().sum().backward()
+    layers = (embedding, column, row)
+    result = {"out": out.detach(), "params": [(type(p).__name__, p.detach().clone(), p.grad) for m in layers
+                                              for p in m.parameters()], "entry_points": {}}
+    # A TE layer's constructor, as TELinear enters it: a config the machinery refuses (CPU init) passes.
+    te_layer = torch.nn.Linear(IN, OUT)
+    te_layer.config = SimpleNamespace(use_cpu_initialization=True)
+    for side, (init_context, wrap) in entry_points.items():
+        with init_context(te_layer, OUT, ps.get_gtp_weight_remat_group(), {}, is_expert=False) as size:
+            pass
+        wrap(column, ["weight"], ps.get_gtp_weight_remat_group())
+        result["entry_points"][side] = (size, type(te_layer.weight).__name__, type(column.weight).__name__)
+    if libgtp:
+        result["calls"] = dict(calls.calls)
+        result["libgtp_params"] = len(gm.active().params)
+        gm.reset()
+    return result
+
+
+def test_at_g1_use_libgtp_is_inert_as_megatron_cores_gtp():
+    """G = 1 after use_libgtp(): Megatron-Core's layers train bit for bit as without it, no call reaches
+    libgtp, and both GTP entry points behave as Megatron-Core's own at size 1 (the TE constructor's
+    yields the size and attaches nothing, the layers' wrap leaves the weight a plain parameter)."""
+    (without,) = run_ranks(_g1, 1, False)
+    (inert,) = run_ranks(_g1, 1, True)
+    assert inert["calls"] == {} and inert["libgtp_params"] == 0, inert["calls"]
+    assert torch.equal(inert["out"], without["out"])
+    assert len(inert["params"]) == len(without["params"]) == 4
+    for (kind, value, grad), (kind_off, value_off, grad_off) in zip(inert["params"], without["params"]):
+        assert kind == kind_off == "Parameter"
+        assert torch.equal(value, value_off) and torch.equal(grad, grad_off)
+    expected = (OUT, "Parameter", "Parameter")
+    assert inert["entry_points"] == {"megatron": expected, "libgtp": expected}
 
 
 def _groups(rank, world, store_dir, tp, gtp):

@@ -1,5 +1,5 @@
-"""The real TransformerEngine layers on libgtp (CUDA backend, one GPU, G = 1, a real size-1 NCCL
-communicator), each trained 20 steps with AdamW next to the same TE layer without libgtp: losses,
+"""The real TransformerEngine layers on libgtp (CUDA backend, one GPU, G = 1 with the machinery on:
+machinery_at_g1=True, a real size-1 NCCL communicator), each trained 20 steps with AdamW next to the same TE layer without libgtp: losses,
 outputs, input grads, weight grads and parameters bit for bit; the cache within (depth + 1) slots; under
 Float8CurrentScaling with the FP8 wire TE's weight is libgtp's codes, byte for byte TE's own
 quantization, and TE quantizes no weight itself. The NVFP4 (2D) and MXFP8 wires as TE's NVFP4Tensor /
@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import gtp.torch as gt  # noqa: E402
+from counting_library import count_library_calls  # noqa: E402
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the TransformerEngine tests need a GPU", allow_module_level=True)
@@ -79,7 +80,7 @@ def test_te_layer_trains_bit_identically_on_libgtp(tmp_path, monkeypatch, kind, 
     torch.manual_seed(0)
     layer = LAYERS[kind](fuse)
     store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-    with gt.Context(store, 0, 1, backend="cuda", prefetch_depth=DEPTH) as ctx:
+    with gt.Context(store, 0, 1, backend="cuda", prefetch_depth=DEPTH, machinery_at_g1=True) as ctx:
         sharded = gt.te.distribute(layer, ctx, wire=wire)
         assert sharded == _weights(layer) and all(isinstance(w, gt.ShardedParameter) for w in sharded)
         if fuse:
@@ -133,6 +134,53 @@ def test_te_layer_trains_bit_identically_on_libgtp(tmp_path, monkeypatch, kind, 
             assert not counter.shapes["gtp"] and not counter.shapes["ref"], "BF16 compute quantizes nothing"
 
 
+@pytest.mark.parametrize("mode", ["bf16", "fp8cs_fp8_wire"])
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_te_layer_in_a_group_of_one_is_left_to_te(tmp_path, kind, mode):
+    """The default at G = 1 (inert): distribute() leaves the TE layer as it is (its own weight, its own
+    quantization under the recipe, its fused wgrad accumulation into main_grad), no call reaches
+    libgtp (a CountingLibraryDouble between the context and libgtp), and it trains as TE without GTP,
+    bit for bit."""
+    wire, recipe = MODES[mode]
+    torch.manual_seed(0)
+    ref = LAYERS[kind](True)
+    torch.manual_seed(0)
+    layer = LAYERS[kind](True)
+    own = _weights(layer)
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+        calls = count_library_calls(ctx)
+        assert gt.te.distribute(layer, ctx, wire=wire) == [] and not ctx.parameters
+        assert all(a is b and type(a) is torch.nn.Parameter for a, b in zip(_weights(layer), own))
+        for w in _weights(ref) + _weights(layer):
+            w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+        opt_ref = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+        opt = torch.optim.AdamW(layer.parameters(), lr=1e-3)
+        ctx.attach_optimizer(opt)
+        in_features = FFN if kind == "linear_row" else HIDDEN
+        for step in range(3):
+            x = torch.randn(TOKENS, in_features, device="cuda", dtype=torch.bfloat16,
+                            generator=torch.Generator("cuda").manual_seed(step))
+            x_ref, x_gtp = x.clone().requires_grad_(), x.clone().requires_grad_()
+            y_ref, y = _forward(ref, x_ref, recipe), _forward(layer, x_gtp, recipe)
+            y_ref.float().square().mean().backward()
+            y.float().square().mean().backward()
+            ctx.drain()
+            assert torch.equal(y, y_ref) and torch.equal(x_gtp.grad, x_ref.grad), f"step {step}"
+            for w_ref, w in zip(_weights(ref), _weights(layer)):
+                assert torch.equal(w.main_grad, w_ref.main_grad), f"step {step}: main_grad"
+                for p in (w, w_ref):
+                    p.grad = p.main_grad.to(p.dtype)
+                    p.main_grad.zero_()
+            ctx.main_grads_zeroed()
+            opt_ref.step()
+            opt.step()
+            opt_ref.zero_grad()
+            opt.zero_grad()
+            for p_ref, p in zip(ref.parameters(), layer.parameters()):
+                assert torch.equal(p.detach(), p_ref.detach()), f"step {step}: parameters"
+        assert calls.total() == 0, f"calls reached libgtp at G = 1: {dict(calls.calls)}"
+
+
 def test_fp8_wire_codes_are_te_current_scaling_byte_for_byte(tmp_path):
     torch.manual_seed(1)
     layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
@@ -142,7 +190,8 @@ def test_fp8_wire_codes_are_te_current_scaling_byte_for_byte(tmp_path):
     weight[9, 9] = 1e-30
     with torch.no_grad():
         layer.weight.copy_(weight)
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    backend="cuda", machinery_at_g1=True) as ctx:
         (w,) = gt.te.distribute(layer, ctx, wire="fp8")
         with te.autocast(enabled=True, recipe=te_recipe.Float8CurrentScaling()):
             ours = w.materialize_group_for_forward()
@@ -157,7 +206,8 @@ def test_fp8_wire_codes_are_te_current_scaling_byte_for_byte(tmp_path):
 
 
 def test_refusals_name_the_fix(tmp_path):
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    backend="cuda", machinery_at_g1=True) as ctx:
         mlp = te.LayerNormMLP(HIDDEN, FFN, params_dtype=torch.bfloat16)
         with pytest.raises(ValueError, match="LayerNormMLP calls no DistributedWeight hook"):
             gt.te.distribute(torch.nn.Sequential(te.Linear(HIDDEN, HIDDEN), mlp), ctx)
@@ -188,7 +238,8 @@ def test_bf16_wire_under_other_recipes(tmp_path, recipe_name):
     ref = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
     torch.manual_seed(0)
     layer = te.Linear(HIDDEN, FFN, params_dtype=torch.bfloat16)
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    backend="cuda", machinery_at_g1=True) as ctx:
         gt.te.distribute(layer, ctx)
         for step in range(3):
             x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16,

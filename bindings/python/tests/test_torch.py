@@ -1,5 +1,6 @@
 """gtp.torch over the host backend: DistributedWeight protocol, Linear gradients against a
-single-process reference, tiny-model parity, checkpoint re-sharding G=4 -> G=2."""
+single-process reference, tiny-model parity, checkpoint re-sharding G=4 -> G=2. One-rank tests ask
+for the machinery (machinery_at_g1=True); the inert default at G = 1 is test_g1_inert.py's."""
 import os
 import sys
 
@@ -64,7 +65,7 @@ def test_linear_passes_the_block_shape_and_the_scale_rounding_to_the_wire(tmp_pa
     """gt.Linear(wire="nvfp4", nvfp4_2d=True) registers 16x16 blocks: its GEMM view carries the exact
     transpose; wire="mxfp8" with mx_rounding="floor" materializes the OCP rule, which differs from RCEIL
     on 1.875 (RCEIL keeps it, FLOOR saturates it to 1.75)."""
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, machinery_at_g1=True) as ctx:
         nvfp4 = gt.Linear(IN, 32, context=ctx, bias=False, wire="nvfp4", nvfp4_2d=True)
         assert nvfp4.weight.gtp_weight.nvfp4_2d
         views = ctx.materialize_views([nvfp4.weight.gtp_weight], layout="gemm")
@@ -92,7 +93,7 @@ def test_linear_passes_the_block_shape_and_the_scale_rounding_to_the_wire(tmp_pa
 
 def test_tcpstore_bootstrap_and_protocol_on_one_rank():
     store = torch.distributed.TCPStore("127.0.0.1", 0, 1, True)
-    with gt.Context(store, 0, 1) as ctx:
+    with gt.Context(store, 0, 1, machinery_at_g1=True) as ctx:
         layer = gt.Linear(IN, OUT, context=ctx, bias=False)
         w = layer.weight
         assert isinstance(w, torch.nn.Parameter) and w.is_distributed_weight
@@ -122,7 +123,8 @@ BACKENDS = [
 
 
 def _context(store, device, **kwargs):
-    return gt.Context(store, 0, 1, backend="cuda" if device == "cuda" else "host", **kwargs)
+    """One rank with the machinery on (machinery_at_g1=True): these tests are about libgtp's own path."""
+    return gt.Context(store, 0, 1, backend="cuda" if device == "cuda" else "host", machinery_at_g1=True, **kwargs)
 
 
 @pytest.mark.parametrize("device", BACKENDS)
@@ -226,7 +228,7 @@ def test_gpt_example_checkpoint_resumes_at_half_the_ranks(tmp_path):
     """train_gpt.py --reshard-to: G = 2's BF16 checkpoint, merged, resumed at G = 1 GTP on and off."""
     import train_gpt
     config = train_gpt.default_config(steps=3, wires=["bf16"], layers=1, backend="host",
-                                      checkpoint_dir=str(tmp_path), reshard_steps=2)
+                                      checkpoint_dir=str(tmp_path), reshard_steps=2, machinery_at_g1=True)
     summary = train_gpt.summarize(train_gpt.launch(2, config, timeout_s=400), config)
     resumed = train_gpt.summarize_reshard(train_gpt.reshard(2, config, 1), config, 2, 1)
     assert resumed["shards_match_checkpoint"] and resumed["bit_identical_to_off"], resumed
@@ -300,7 +302,8 @@ def test_checkpoint_written_at_g4_loads_at_g2():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")
 def test_cuda_linear_matches_plain_on_one_gpu(tmp_path):
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda",
+                    machinery_at_g1=True) as ctx:
         torch.manual_seed(5)
         sharded = gt.Linear(IN, OUT, context=ctx)
         torch.manual_seed(5)
@@ -319,7 +322,7 @@ def test_cuda_linear_matches_plain_on_one_gpu(tmp_path):
 
 def test_explicit_drain_accumulates_microbatches_like_autograd(tmp_path):
     store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-    with gt.Context(store, 0, 1, auto_drain=False) as ctx:
+    with gt.Context(store, 0, 1, auto_drain=False, machinery_at_g1=True) as ctx:
         torch.manual_seed(8)
         sharded = gt.Linear(IN, OUT, context=ctx, bias=False)
         torch.manual_seed(8)
@@ -430,7 +433,7 @@ def test_a_parameter_whose_storage_was_replaced_is_repacked_from_its_new_values(
     """Megatron DDP under the distributed optimizer points `param.data` at its buffer and the optimizer
     writes there: shard_updated copies the new values into the shard libgtp registered before it
     re-packs, so the next materialize gathers them (without sync_storage it gathered the old ones)."""
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, machinery_at_g1=True) as ctx:
         layer = gt.Linear(IN, OUT, context=ctx, bias=False)
         w = layer.weight
         buffer = torch.empty(256 + w.numel(), dtype=w.dtype)[256:].view_as(w)  # a DDP-style bucket view

@@ -67,7 +67,7 @@ def test_grouped_linear_matches_the_unsharded_experts(world):
 
 
 def test_grouped_views_are_tensors_aliasing_the_sections(tmp_path):
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, machinery_at_g1=True) as ctx:
         layer = gt.GroupedLinear(2, IN, OUT, bias=False, context=ctx, wire="fp8")
         views = layer.weight0.materialize_group_views("forward", layout="gemm")
         full = layer.weight0.materialize_group_for_forward()  # the BF16 layout, held alongside
@@ -98,7 +98,8 @@ def test_the_head_is_gathered_once_per_step_when_the_optimizer_is_attached(tmp_p
     re-gathers it (stale_prefetches += depth per step). All correct; the head is always prefetched."""
     depth = 2
     backwards = max(microbatches, 1)
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, prefetch_depth=depth) as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    prefetch_depth=depth, machinery_at_g1=True) as ctx:
         torch.manual_seed(6)
         sharded = torch.nn.Sequential(*[gt.Linear(IN, IN, context=ctx) for _ in range(3)])
         torch.manual_seed(6)
@@ -139,7 +140,8 @@ def test_keep_gathered_from_the_profile_gathers_each_weight_once_per_optimizer_s
         "parallel": {"world_size": 1},
         "groups": {"gtp_remat": {"prefetch_depth": 2, "keep_gathered": True}}})
     steps, microbatches, layers = 3, 2, 3
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, profile_json=profile) as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    profile_json=profile, machinery_at_g1=True) as ctx:
         torch.manual_seed(7)
         sharded = torch.nn.Sequential(*[gt.Linear(IN, IN, context=ctx) for _ in range(layers)])
         torch.manual_seed(7)
@@ -170,7 +172,8 @@ def test_keep_gathered_from_the_profile_gathers_each_weight_once_per_optimizer_s
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CUDA backend test needs a GPU")
 def test_cuda_grouped_linear_and_gemm_views_on_one_gpu(tmp_path):
-    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, backend="cuda") as ctx:
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1,
+                    backend="cuda", machinery_at_g1=True) as ctx:
         torch.manual_seed(5)
         sharded = gt.GroupedLinear(EXPERTS, IN, OUT, context=ctx)
         torch.manual_seed(5)

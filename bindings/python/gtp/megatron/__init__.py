@@ -8,9 +8,11 @@
     ... Megatron's own training loop, optimizer, finalize_model_grads, dist_checkpointing ...
     gtp.megatron.reset()                               # before building another model in this process
 
-Every TE layer Megatron-Core builds (te.Linear, te.LayerNormLinear, te.GroupedLinear experts) then
-holds a libgtp shard of its weight at every G, G = 1 included; at G > 1 Megatron's own embedding
-and output layer go on libgtp too (Megatron-Core wraps them only at G > 1)."""
+Every TE layer Megatron-Core builds (te.Linear, te.LayerNormLinear, te.GroupedLinear experts) in a
+group of G > 1 then holds a libgtp shard of its weight; at G > 1 Megatron's own embedding and output
+layer go on libgtp too. In a group of one the layers are left as Megatron-Core builds them without
+GTP (its own GTP is inert at size 1 the same way), unless use_libgtp(machinery_at_g1=True) puts its
+TE layers on libgtp at G = 1 too."""
 import torch
 
 from .backend import API_NAMES, Backend, check_config
@@ -55,7 +57,7 @@ def _profile(sizes, profile):
 
 
 def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_depth=None,
-               memory_budget_bytes=None, timeout_s=300.0, check=True):
+               memory_budget_bytes=None, timeout_s=300.0, check=True, machinery_at_g1=False):
     """Makes Megatron-Core use libgtp for every GTP weight built from now on. Call it after
     parallel_state.initialize_model_parallel and before the model is built; collective (every rank).
 
@@ -63,7 +65,9 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
     (default when CUDA is available) or "host" (CPU tensors); store: a torch.distributed Store for
     libgtp's bootstrap (default: the default process group's); profile: a libgtp profile (dict, JSON
     text) for its cluster and group settings; its `parallel` sizes are Megatron's; check: verify that
-    libgtp's groups hold the ranks of Megatron's (one all_gather_object). Returns the gtp.torch.Context."""
+    libgtp's groups hold the ranks of Megatron's (one all_gather_object); machinery_at_g1: put the TE
+    layers of a group of one on libgtp too (default False: inert there, as Megatron-Core's GTP at
+    size 1; gtp.torch.Context's keyword). Returns the gtp.torch.Context."""
     global _BACKEND
     if _BACKEND is not None:
         raise RuntimeError("gtp.megatron.use_libgtp() was already called in this process: call "
@@ -84,7 +88,8 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
     profile_json = None if profile is None and sizes.world_size == 1 else _profile(sizes, profile)
     context = gt.Context(store, torch.distributed.get_rank(), sizes.world_size, backend=backend,
                          profile_json=profile_json, prefetch_depth=prefetch_depth,
-                         memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s)
+                         memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
+                         machinery_at_g1=machinery_at_g1)
     try:
         if check:
             check_groups(context)

@@ -3,8 +3,9 @@
 Megatron-Core calls its GTP through megatron.core.tensor_parallel.gtp_api, imported lazily at every
 call site except transformer/cuda_graphs.py (at module load). Replacing gtp_api's names (and
 cuda_graphs' copies) before the model is built therefore makes every later call libgtp's. TE layers
-are built by Megatron's TE extension under `_init_gtp_remat_context`, which at G = 1 does nothing;
-it is replaced too, so TE layers go on libgtp at every G (built full, then sliced to libgtp's rows)."""
+are built by Megatron's TE extension under `_init_gtp_remat_context`; it is replaced too, so TE
+layers go on libgtp (built full, then sliced to libgtp's rows). Like Megatron's, it does nothing in a
+group of one (size <= 1, or no group), unless the context has machinery_at_g1=True."""
 import contextlib
 
 from ..torch import te as gtp_te
@@ -149,8 +150,12 @@ class Backend:
     def _te_init_context(self, module, output_size, gtp_remat_group, extra_kwargs, *, is_expert=False,
                          is_grouped=False, rng_via_kwarg=True, out_split_size=1):
         """Megatron's _init_gtp_remat_context on libgtp: TE builds the full TP-local weight (with the
-        TP-region initialization a GTP-off run gets), then libgtp takes this rank's rows."""
-        del gtp_remat_group, extra_kwargs, rng_via_kwarg, out_split_size, is_grouped
+        TP-region initialization a GTP-off run gets), then libgtp takes this rank's rows. In a group of
+        one it returns before any GTP work, as Megatron's does (unless machinery_at_g1)."""
+        del extra_kwargs, rng_via_kwarg, out_split_size, is_grouped
+        if (gtp_remat_group is None or gtp_remat_group.size() <= 1) and not self.context.machinery_at_g1:
+            yield output_size
+            return
         if getattr(getattr(module, "config", None), "use_cpu_initialization", False):
             raise RuntimeError(_CPU_INIT)
         yield output_size
@@ -167,8 +172,11 @@ class Backend:
                                "gtp.megatron.use_libgtp(), through Megatron-Core's TE layer spec")
 
         def wrap_module_params_gtp(module, weight_names, gtp_remat_group, is_grouped=None):
-            """Megatron's own layers (embedding, output layer) at G > 1: their full weights to libgtp."""
+            """Megatron's own layers (embedding, output layer) at G > 1: their full weights to libgtp.
+            Megatron-Core calls it only at G > 1; like its own, it does nothing in a group of one."""
             group = backend.group_name(gtp_remat_group)
+            if not backend.context.uses_libgtp(group):
+                return
             members = []
             leader = None
             for name in weight_names:

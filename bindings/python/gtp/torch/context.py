@@ -63,10 +63,15 @@ class Context(core.Context):
     backend: "host" (CPU tensors, NULL streams) or "cuda" (tensors on `device`, the current stream).
     auto_drain: drain at the end of every backward pass (queued on autograd's engine by the first
     gtp.torch.Linear backward); False: call drain() yourself after backward, before optimizer.step().
+    machinery_at_g1: False (default): a group of one rank is inert, as Megatron-Core's GTP is at size 1:
+    the layers built on this context (gtp.torch.Linear, GroupedLinear, te.distribute, gtp.megatron)
+    keep plain weights in such a group, with no gather, copy, separate wgrad add or libgtp call (see
+    uses_libgtp). True: they go on libgtp at G = 1 too (the whole machinery, as at G > 1: for tests and
+    for measuring it on one GPU).
     """
 
     def __init__(self, store=None, rank=None, world_size=None, *, backend="host", device=None, auto_drain=True,
-                 **kwargs):
+                 machinery_at_g1=False, **kwargs):
         if store is not None and isinstance(store, torch.distributed.Store):
             store = TorchStore(store)
         if backend == "cuda":
@@ -80,6 +85,7 @@ class Context(core.Context):
             self.device = torch.device("cpu")
             super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
         self.auto_drain = auto_drain
+        self.machinery_at_g1 = bool(machinery_at_g1)
         self._ready = []            # host: parameters whose main-grad add ran since the last drain
         self._finalized = []        # CUDA: parameters finalized since the last drain
         self._drain_queued = False
@@ -88,6 +94,13 @@ class Context(core.Context):
         self.parameters = []        # every ShardedParameter registered on this context
         self._open_uses = []        # (leader, layout, stream) of protocol materializations not yet ended
         self._views = {}            # cached_view's objects by the memory they view
+
+    def uses_libgtp(self, group="gtp_remat"):
+        """Whether layers built on this context put the weights of `group` ("gtp_remat" or
+        "expert_gtp_remat") on libgtp: at G > 1 always; in a group of one only with machinery_at_g1=True,
+        else they stay plain parameters (inert, as Megatron-Core's GTP at size 1)."""
+        core._choice(core.GROUPS, group, "group")
+        return self.machinery_at_g1 or self.group_size(group) > 1
 
     def view_at(self, address, shape, dtype, requires_grad=False):
         """tensor_at on this context's device, the same tensor object for the same memory, shape, dtype
@@ -177,7 +190,8 @@ class Context(core.Context):
             self._drains += 1
             defer_head = self._drains_per_step > 0 and self._drains % self._drains_per_step == 0
         self.end_open_uses()
-        super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
+        if self._weights or self.closed:  # nothing registered (every layer inert at G = 1): no call
+            super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
         # The host backend has run every callback by now. On CUDA the adds are only enqueued: every
         # parameter finalized since the last drain has its add ordered before the current stream's
         # next work (drain joined it), so its grad moves there, and its hooks run here.
@@ -205,7 +219,8 @@ class Context(core.Context):
         view) needs no call: gtp.torch declares its own staging zero after each delivery."""
         if params is not None:
             params = [getattr(p, "gtp_weight", p) for p in params]
-        super().main_grads_zeroed(params)
+        if self._weights or self.closed:  # nothing registered: nothing to declare, no call
+            super().main_grads_zeroed(params)
 
     def note_finalized(self, params, reduced=True):
         """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves the grads of those that
@@ -225,6 +240,8 @@ class Context(core.Context):
     def shard_updated(self, weights=None, stream=None):
         """Collective re-pack of the wire chunks after an optimizer step. weights: gtp.Weight or
         ShardedParameter objects; None: every parameter of this context."""
+        if not self._weights and not self.closed:  # nothing registered (every layer inert at G = 1): no call
+            return
         items = self.parameters if weights is None else list(weights)
         for item in items:  # a parameter whose storage was replaced: its new values into libgtp's shard
             for member in getattr(item, "group_members", ()):

@@ -73,7 +73,8 @@ class GroupedLinear(torch.nn.Module):
     m_splits) runs expert i on the next m_splits[i] rows of x (tokens already sorted by expert).
 
     context: a gtp.torch.Context to shard every W_i over `group` ("expert_gtp_remat": the EG ranks of
-    the expert view; "gtp_remat" also works) as one expert group, or None (GTP off). Expert tensor
+    the expert view; "gtp_remat" also works) as one expert group, or None (GTP off); in a group of one
+    the experts stay plain parameters unless the context has machinery_at_g1=True. Expert tensor
     parallelism is not applied (each rank holds whole experts' rows). Weights are named weight0.. as
     in TE; each is drawn from torch's generator in order, so equal seeds give equal experts on and off.
     """
@@ -87,21 +88,22 @@ class GroupedLinear(torch.nn.Module):
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.context, self.wire, self.group = context, wire, group
         device = context.device if context is not None else device
-        name = name or (f"grouped{len(context.parameters)}" if context is not None else None)
+        g = context.geometry(out_features, in_features, wire, group) if context is not None else None  # checks the wire
+        shard = context is not None and context.uses_libgtp(group)
+        name = name or (f"grouped{len(context.parameters)}" if shard else None)
         leader = None
         for i in range(num_gemms):
             full = torch.empty(out_features, in_features, dtype=dtype)
             torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5))
-            if context is None:
+            if not shard:
                 weight = torch.nn.Parameter(full.to(device))
             else:
-                g = context.geometry(out_features, in_features, wire, group)
                 weight = ShardedParameter(full[g.row_start:g.row_start + g.valid_rows].contiguous(), context,
                                           f"{name}.weight{i}", out_features, in_features, wire, group, leader,
                                           nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding, gemm_scales=gemm_scales)
                 leader = weight if leader is None else leader
             self.register_parameter(f"weight{i}", weight)
-        if context is not None:
+        if shard:
             context.shard_updated([leader])  # collective: the leader stands for the group
         for i in range(num_gemms):
             if bias:
@@ -132,4 +134,9 @@ class GroupedLinear(torch.nn.Module):
 
     def extra_repr(self):
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias0 is not None}, gtp={'wire=' + self.wire + ', group=' + self.group if self.sharded else 'off'}")
+                f"bias={self.bias0 is not None}, gtp={self._gtp_repr()}")
+
+    def _gtp_repr(self):
+        if self.sharded:
+            return f"wire={self.wire}, group={self.group}"
+        return "off" if self.context is None else "inert (G = 1)"

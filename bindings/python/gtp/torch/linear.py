@@ -84,7 +84,9 @@ class _PlainLinearFunction(torch.autograd.Function):
 class Linear(torch.nn.Module):
     """y = x W^T + b with W of out_features x in_features.
 
-    context: a gtp.torch.Context to shard W over its gtp_remat group (G ranks), or None (GTP off).
+    context: a gtp.torch.Context to shard W over its gtp_remat group (G ranks), or None (GTP off). In a
+    group of one W stays a plain parameter unless the context has machinery_at_g1=True: the layer is
+    then GTP off exactly (the wire is not applied), as Megatron-Core's GTP is inert at size 1.
     parallel_mode: "column" (W's rows split over TP, output is this TP rank's slice) or "row" (W's
     columns split over TP, the partial outputs are summed over `tp_group`). TP comes from the context;
     TP = 1 is a plain linear either way.
@@ -117,10 +119,10 @@ class Linear(torch.nn.Module):
         local = full[tp_rank * rows:(tp_rank + 1) * rows] if parallel_mode == "column" else \
             full[:, tp_rank * cols:(tp_rank + 1) * cols]
         device = context.device if context is not None else device
-        if context is None:
+        g = context.geometry(rows, cols, wire) if context is not None else None  # checks the wire at every G
+        if context is None or not context.uses_libgtp("gtp_remat"):
             self.weight = torch.nn.Parameter(local.contiguous().to(device))
         else:
-            g = context.geometry(rows, cols, wire)
             name = name or f"linear{len(context.parameters)}"
             self.weight = ShardedParameter(local[g.row_start:g.row_start + g.valid_rows].contiguous(), context, name,
                                            rows, cols, wire, nvfp4_2d=nvfp4_2d, mx_rounding=mx_rounding,
@@ -149,7 +151,12 @@ class Linear(torch.nn.Module):
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"gtp={'wire=' + self.wire if self.sharded else 'off'}, parallel_mode={self.parallel_mode}, tp={self.tp}")
+                f"gtp={self._gtp_repr()}, parallel_mode={self.parallel_mode}, tp={self.tp}")
+
+    def _gtp_repr(self):
+        if self.sharded:
+            return "wire=" + self.wire
+        return "off" if self.context is None else "inert (G = 1)"
 
     # -- checkpoints: shards carry their offsets; a full weight is re-sharded on load --
     def _save_to_state_dict(self, destination, prefix, keep_vars):
@@ -165,7 +172,7 @@ class Linear(torch.nn.Module):
         key, meta_key = prefix + "weight", prefix + "weight_gtp_shard"
         meta = state_dict.pop(meta_key, None) if meta_key in state_dict else None
         if not self.sharded or key not in state_dict:
-            if meta is not None:
+            if meta is not None and not _whole_weight(meta, state_dict.get(key)):
                 error_msgs.append(f"{key} is a GTP shard but this Linear is not sharded: merge the ranks' state "
                                   "dicts with gtp.torch.consolidate_state_dicts first")
                 return
@@ -189,6 +196,13 @@ class Linear(torch.nn.Module):
         with torch.no_grad():
             self.weight.copy_(value.to(self.weight.dtype))
         self.context.shard_updated([self.weight])  # collective: every rank loads
+
+
+def _whole_weight(meta, value):
+    """Whether a saved shard is its whole weight (saved at G = 1 with the machinery on): it loads into a
+    plain weight as it is."""
+    start, valid, rows, cols = (int(v) for v in meta)
+    return value is not None and start == 0 and valid == rows and tuple(value.shape) == (rows, cols)
 
 
 class _CopyToTensorParallel(torch.autograd.Function):

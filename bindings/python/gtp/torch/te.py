@@ -62,7 +62,12 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
     subclass to create (gtp.megatron's adds Megatron's names); register_kwargs: as ShardedParameter's
     (nvfp4_2d, mx_rounding, gemm_scales). Attributes a framework set on the old weights are copied.
     Refuses, before changing anything, TE layers that cannot take a distributed weight (te.LayerNormMLP),
-    layers with split parameters, single grouped weights, delayed wgrads and quantized primary weights."""
+    layers with split parameters, single grouped weights, delayed wgrads and quantized primary weights
+    (at every G, so a model that builds at G = 1 builds at G > 1 too).
+    In a group of one (G = 1) the layers are left as they are unless the context has machinery_at_g1=True:
+    TE then runs exactly as without GTP (its own weight, its own quantization, its wgrad accumulation
+    into main_grad under fuse_wgrad_accumulation), as Megatron-Core's GTP is inert at size 1; their
+    weights are not in the returned list."""
     group = group or "gtp_remat"
     targets = []
     for path, sub in module.named_modules():
@@ -93,6 +98,8 @@ def distribute(module, context, *, wire="bf16", group=None, expert_group="expert
                                  "quantizes them instead)")
     created = []
     for path, kind, sub in targets:
+        if not context.uses_libgtp(group if kind == "one" else expert_group):
+            continue  # inert at G = 1: TE's own layer, untouched
         base = ".".join(p for p in (prefix, path) if p) or type(sub).__name__.lower()
         if kind == "one":
             param = _shard_of(sub.weight, context, f"{base}.weight", wire, group, None, register_kwargs,

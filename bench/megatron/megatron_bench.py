@@ -1,6 +1,6 @@
 """Megatron-Core 0.19.2 training on libgtp (gtp.megatron) against the same run without GTP, one GPU.
 
-One part per process (bench/megatron/run_megatron_h200.sh runs each with its own time limit, so one
+One part per process (tools/gpu/run.sh megatron runs each with its own time limit, so one
 failure hides nothing else):
   gpt        GPTModel, TE layer spec, 4 layers: GTP off, libgtp at G = 1, GTP off again (control);
              FP32 main grads, BF16 main grads (DDP grad_reduce_in_fp32=False), and TE's fused wgrad

@@ -98,7 +98,7 @@ assert doc["all_passed"] is True and [s["folder"] for s in doc["steps"]] == ["ok
 # The real multi-GPU steps refuse below 2 GPUs (the fake nvidia-smi lists one).
 real() { env OUT="$tmp/$1" GTP_GPU_TARBALL="$tmp/none.tar.xz" GTP_GPU_DIR="$tmp/stage" bash "$runner" "${@:2}"; }
 expect 1 "1 GPU(s) visible; the multi-GPU steps need at least 2" real out5 mg_pairs
-CUDA_VISIBLE_DEVICES= expect 1 "0 GPU(s) visible" real out6 mg_collectives
+CUDA_VISIBLE_DEVICES='' expect 1 "0 GPU(s) visible" real out6 mg_collectives
 check_json "$tmp/out6/gpu_run.json" 'assert doc["steps"][0]["status"] == "refused", doc["steps"]'
 
 # The grid profiles are accepted by gtp-bench: gtp_remat groups of 4 (TP 1) and 2 (TP 2) ranks.

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The summary of bench/multi_gpu_h200.sh (issue 7): reads the JSON files one multi-GPU run wrote into
+"""The summary of the GPU runner's multi-GPU steps (tools/gpu/run.sh multi_gpu, issue 7): reads the JSON files one multi-GPU run wrote into
 a folder and prints one table per question, each figure next to its target, then writes the same as
 JSON (multi_gpu_summary.json in that folder, or --json PATH).
 
-Files read (G = the group size, written by the script; a missing file is reported as "not run"):
+Files read (G = the group size, written by the mg_ steps; a missing file is reported as "not run"):
   ag_bf16_g{G}.json, rs_fp32_g{G}.json   gtp-bench all_gather (BF16) / reduce_scatter (FP32 sum):
                                           rows `nccl` (raw) and `gtp_stream` (libgtp's streams)
   ag_wire_{fmt}_g{G}.json                gtp-bench all_gather --format fmt: rows nccl, gtp_stream, gtp_wire
@@ -276,7 +276,7 @@ def main():
     parser.add_argument("--json", help="write the summary here (default FOLDER/multi_gpu_summary.json)")
     args = parser.parse_args()
     if not os.path.isdir(args.folder):
-        parser.error(f"{args.folder} is not a folder; give the one bench/multi_gpu_h200.sh wrote")
+        parser.error(f"{args.folder} is not a folder; give the multi_gpu folder the mg_ steps wrote")
     summary = summarize(args.folder)
     sys.stdout.write(render(summary))
     with open(args.json or os.path.join(args.folder, "multi_gpu_summary.json"), "w") as f:

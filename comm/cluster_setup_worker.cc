@@ -1,7 +1,7 @@
 // One rank of cluster_setup_test's multi-process cases, started by gtp-launch. Usage:
 //   cluster_setup_worker HWLOC_XML|live TP SHARDS OUT_DIR
 // Every rank "discovers" the replayed machine HWLOC_XML (or, given "live", this machine: the GPU-machine
-// check in bench/collectives/run_gpu.sh), runs setup_cluster over the UCX bootstrap
+// check in the GPU runner's comm step), runs setup_cluster over the UCX bootstrap
 // with parallel sizes TP / SHARDS, binds, and writes OUT_DIR/rank<R>.json: its slot, plan, groups,
 // binding and the thread's CPU binding read back from the OS. Exit 0 on success, 1 on any error.
 #include <hwloc.h>

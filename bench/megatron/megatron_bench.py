@@ -1,6 +1,6 @@
 """Megatron-Core 0.19.2 training on libgtp (gtp.megatron) against the same run without GTP, one GPU.
 
-One part per process (bench/megatron/run_megatron_h200.sh runs each with its own time limit, so one
+One part per process (tools/gpu/run.sh megatron runs each with its own time limit, so one
 failure hides nothing else):
   gpt        GPTModel, TE layer spec, 4 layers: GTP off, libgtp at G = 1 with its machinery on
              (use_libgtp(machinery_at_g1=True); the default there is inert), GTP off again (control);

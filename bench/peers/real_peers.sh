@@ -3,7 +3,8 @@
 # processes that are real NCCL ranks sharing the GPU (gtp-launch --share-gpu / gtp.shared_gpu), and
 # libgtp against Megatron-Core's own GTP. Correctness and counts only: the ranks are time-sliced and
 # talk over loopback sockets, so no timing here means anything.
-#   bash bench/peers/real_peers.sh [STEP...]   (default: every step, most important first)
+#   tools/gpu/run.sh peers                      (the runner's step: every step below, most important first)
+#   GTP_PEERS_STEPS="h2h_g2 failure" tools/gpu/run.sh peers     (some of them)
 # Steps (G = 2 and 4 where a step says gN):
 #   h2h_g2 h2h_g4      bench/megatron/head_to_head.py: libgtp vs Megatron's GTP vs GTP off, NCCL counts
 #   h2h_g4_ring        the same at G = 4 with NCCL_ALGO=Ring for both (one reduction order)
@@ -13,37 +14,26 @@
 #   train_g2 train_g4  train_gpt.py --share-gpu: gtp.torch on every wire against GTP off
 #   te                 bindings/python/tests/test_real_peers_te.py: TE's layers at G = 2 and 4
 #   memcheck           compute-sanitizer memcheck on every process of the runtime worker (G = 2, one case)
-# Needs .carry/ staged by tools/stage-gpu.sh with the real-peers targets, the TE bundle and the
-# Megatron-Core wheel (bench/megatron/stage_megatron.sh). GTP_DEADLINE (s, default 570) bounds the
-# call: a step that would run past it is skipped and named. GTP_COMMIT names the commit. Everything
-# lands in $OUT: real_peers.json (per step: exit status, seconds, and what it wrote), the JSONs of
-# the Python steps, and real_peers_logs.tgz (every log and the gtest JSONs).
+# Runs inside the runner's environment (tools/gpu/run.sh: BIN, the staged binaries; PYTHONPATH with
+# TransformerEngine and Megatron-Core; NCCL_NVLS_ENABLE=0). GTP_DEADLINE (s, default 520) bounds it:
+# a step that would run past it is skipped and named. Everything lands in $OUT: real_peers.json (per
+# step: exit status, seconds), the JSONs of the Python steps, and real_peers_logs.tgz (every log and
+# the gtest JSONs).
 set -uo pipefail
+if [ -z "${BIN:-}" ] || [ ! -x "${BIN}/gtp-launch" ]; then
+  echo "real_peers.sh: run it as the runner's step (tools/gpu/run.sh peers), which stages and sets BIN" >&2
+  exit 2
+fi
 out=${OUT:-/tmp/gtp-out}
 mkdir -p "$out"
 work=$(mktemp -d)
-deadline=$(( $(date +%s) + ${GTP_DEADLINE:-570} ))
-bin=$PWD/.carry/bin
+deadline=$(( $(date +%s) + ${GTP_DEADLINE:-520} ))
+bin=$BIN
 all_steps="h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 h2h_g4_ring train_g4 memcheck runtime_g8"
-steps=${*:-$all_steps}
+steps=${GTP_PEERS_STEPS:-$all_steps}
 for s in $steps; do
   case " $all_steps " in *" $s "*) ;; *) echo "real_peers.sh: unknown step '$s'; steps: $all_steps" >&2; exit 2 ;; esac
 done
-
-# Staged binaries travel compressed (the device tool carries 64 MiB).
-[ -d .carry/bin ] || { [ -f .carry/bin.tar.xz ] && tar xJf .carry/bin.tar.xz -C .carry; }
-source bench/gpu_env.sh
-python3 - <<'PY' || { echo "real_peers.sh: unpacking .carry failed (stage with bench/megatron/stage_megatron.sh)"; exit 1; }
-import glob, tarfile, zipfile
-tarfile.open(glob.glob('.carry/te/te_bundle_*.tar.xz')[0]).extractall('/tmp/te', filter='data')
-zipfile.ZipFile(glob.glob('.carry/megatron/megatron_core-*.whl')[0]).extractall('/tmp/mcore')
-try:
-    import psutil  # noqa: F401
-except ImportError:
-    zipfile.ZipFile(glob.glob('.carry/megatron/psutil-*.whl')[0]).extractall('/tmp/mcore')
-PY
-export PYTHONPATH=/tmp/te/site:/tmp/te/deps:/tmp/mcore:$PWD/bindings/python
-export GTP_LIBRARY=$bin/libgtp.so PYTHONUNBUFFERED=1
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 echo "== real peers on one GPU: $card, commit ${GTP_COMMIT:-unknown}, steps: $steps"
 
@@ -104,11 +94,11 @@ for step in $steps; do
   esac
 done
 
-python3 - "$out/real_peers.json" "$card" "${GTP_COMMIT:-unknown}" "$*" "${results[@]}" <<'PY'
+python3 - "$out/real_peers.json" "$card" "${GTP_COMMIT:-unknown}" "$steps" "${results[@]}" <<'PY'
 import json, sys
-path, card, commit, args, *steps = sys.argv[1:]
+path, card, commit, chosen, *steps = sys.argv[1:]
 json.dump({"what": "real NCCL peers sharing one GPU (bench/peers/real_peers.sh); correctness only, no timing",
-           "card": card, "commit": commit, "command": "bash bench/peers/real_peers.sh " + args,
+           "card": card, "commit": commit, "command": f'GTP_PEERS_STEPS="{chosen}" tools/gpu/run.sh peers',
            "steps": [json.loads(s) for s in steps]}, open(path, "w"), indent=1)
 PY
 tar czf "$out/real_peers_logs.tgz" -C "$work" .

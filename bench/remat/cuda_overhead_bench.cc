@@ -2,7 +2,7 @@
 // prefetch-hit path, tiny BF16 weights: enqueueing is asynchronous, so this is the host cost of the
 // bookkeeping plus enqueueing the next prefetch (NCCL all-gather + unpack kernel) and the events.
 // Same shapes and counters as c_abi_overhead_bench. Without a CUDA device it says so and runs nothing.
-//   bench/run_h200.sh remat   (on the GPU machine; JSON to $OUT/remat_overhead_gpu.json)
+//   tools/gpu/run.sh remat   (on the GPU machine; JSON remat/remat_overhead_gpu.json in its logs)
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 

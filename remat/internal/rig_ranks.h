@@ -28,7 +28,7 @@
 
 namespace gtp::remat::testing {
 
-// GTP_RIG_FLAGS=memops, host or auto picks how the rig raises its flags (bench/rig_h200.sh runs them);
+// GTP_RIG_FLAGS=memops, host or auto picks how the rig raises its flags (tools/gpu/run.sh rig runs them);
 // unset or anything else: kKernels (every wait bounded).
 inline OneGpuRig::Flags rig_flags_from_env() {
   const char* v = std::getenv("GTP_RIG_FLAGS");

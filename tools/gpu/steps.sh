@@ -35,7 +35,7 @@ mg_collectives    420   -     2+ GPUs: gtp-bench all-gather BF16 and every wire,
 mg_peer           150   -     2+ GPUs: the FSDP2 all-gather peer
 mg_overlap        150   -     2+ GPUs: gtp-overlap-bench with G = N under gtp-launch
 mg_train          200   -     2+ GPUs: train_gpt.py at G = N, re-sharded to N/2
-mg_pairs          420   -     2+ GPUs: the GPU tests' two-rank cases (one process, two GPUs) and fill_tag_cuda_bench G = 2
+mg_pairs          420   -     2+ GPUs: the two-rank cases of the GPU tests (one process, two GPUs) and fill_tag_cuda_bench G = 2
 mg_extras         540   -     2+ GPUs: fill graphs, 4 microbatches, groups of N/2, every wire checked against the CPU reference
 mg_summary        60    -     bench/multi_gpu_summary.py over what the mg_ steps wrote in this call
 '

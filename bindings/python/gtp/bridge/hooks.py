@@ -30,7 +30,7 @@ WRAPPED = (
      ("cfg", "train_state", "model_length", "train_valid_test_datasets_provider", "dp_group", "eval_dp_group")),
     ("megatron.bridge.training.pretrain", "train",
      ("forward_step_func", "model", "optimizer", "scheduler", "train_data_iterator", "valid_data_iterator",
-      "global_state", "checkpoint_manager", "pg_collection", "callback_manager")),
+      "global_state", "checkpoint_manager", "pg_collection")),
     ("megatron.bridge.training.checkpointing", "get_pg_collection", ("model",)),
     ("megatron.bridge.training.eval", "get_pg_collection", ("model",)),
 )

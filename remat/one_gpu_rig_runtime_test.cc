@@ -2,11 +2,14 @@
 // NCCL, remat/one_gpu_rig.h): G = 2, 4, 8 ranks as threads, each with its own CudaBackend, run the
 // same calls on the same inputs as G host-backend ranks (HostBackend over HostComm, the reference),
 // and every rank's materialized weights (every materialize of every step) and main grads must equal
-// the host's bit for bit. Cases: the four wires (BF16, FP8, MXFP8, NVFP4); a weight of 5 rows, so
-// ranks hold only padding rows; the pooled grad path (zero-filled buffers, reduce-scatter mean) and
-// undefined buffers written by the consumer; wgrads accumulated over microbatches or reduced each;
-// keep_gathered; lazy packs (every step re-packs, in varying orders); fill graphs; a step captured
-// into a CUDA graph and replayed. Skips without a GPU, printing why.
+// the host's bit for bit. The same scenario (remat/internal/runtime_scenario.h) runs on real NCCL
+// peers in tests/real_peers; this one stays for what those cannot show: every rank in one process
+// under compute-sanitizer (memcheck, racecheck, synccheck across ranks; docs/real-peers.md).
+// Cases: the four wires (BF16, FP8, MXFP8, NVFP4); a weight of 5 rows, so ranks hold only padding
+// rows; the pooled grad path (zero-filled buffers, reduce-scatter mean) and undefined buffers written
+// by the consumer; wgrads accumulated over microbatches or reduced each; keep_gathered; lazy packs
+// (every step re-packs, in varying orders); fill graphs; a step captured into a CUDA graph and
+// replayed. Skips without a GPU, printing why.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -90,44 +90,25 @@ bool skip(std::string* why) { return !kernels::cuda_device_available(why); }
 
 class RigRuntime : public ::testing::TestWithParam<int> {};
 
-// Every wire at G ranks, zeroed (pooled) grads accumulated over microbatches; padding-only ranks; the
-// backward in the GEMM-ready layout (every section, decode scales of G chunks included).
+// The shared case lists (runtime_scenario.h), G = the test's parameter.
 TEST_P(RigRuntime, EveryWireMatchesTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  using kernels::WireFormat;
-  for (const kernels::WireSpec& wire :
-       {kernels::WireSpec{WireFormat::kBF16}, kernels::WireSpec{WireFormat::kFP8},
-        kernels::WireSpec{WireFormat::kMXFP8, kernels::ScaleRounding::kFloor},
-        kernels::WireSpec{WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D}}) {
-    Case c;
-    c.ranks = GetParam();
-    c.wire = wire;
-    c.gemm_backward = true;
-    // Layer 1 (5 rows, shards of at least 16 rows): rank 0 holds a partial shard, the others only padding.
-    const auto geometry = kernels::weight_geometry(wire.format, shapes()[1].rows, shapes()[1].cols, c.ranks);
+  for (const Case& c : testing::every_wire_cases(GetParam())) {
+    const auto geometry = kernels::weight_geometry(c.wire.format, shapes()[1].rows, shapes()[1].cols, c.ranks);
     ASSERT_EQ(geometry.valid_rows(0), 5);
     ASSERT_EQ(geometry.valid_rows(c.ranks - 1), 0) << "the last rank must hold only padding rows of layer 1";
     compare(c);
   }
 }
 
-// Undefined grad buffers written by the consumer, reduced every microbatch; depth 2; the last layer
-// in a second group (its own side streams and communicators).
 TEST_P(RigRuntime, UndefinedGradsPerMicrobatchMatchTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  for (bool two_groups : {false, true}) {
+  for (const Case& c : testing::undefined_grad_cases(GetParam())) {
     // Five streams a rank with two groups: past G = 4 they would outnumber the 32 hardware queues
     // (remat/one_gpu_rig.h), and two ranks' streams could share one.
-    if (two_groups && GetParam() > 4) continue;
-    Case c;
-    c.ranks = GetParam();
-    c.wire = {kernels::WireFormat::kFP8};
-    c.grad_init = GradInit::kUndefined;
-    c.accumulate = false;
-    c.depth = 2;
-    c.two_groups = two_groups;
+    if (c.two_groups && c.ranks > 4) continue;
     compare(c);
   }
 }
@@ -135,40 +116,19 @@ TEST_P(RigRuntime, UndefinedGradsPerMicrobatchMatchTheHostBackend) {
 TEST_P(RigRuntime, KeepGatheredMatchesTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  Case c;
-  c.ranks = GetParam();
-  c.wire = {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D};
-  c.keep_gathered = true;
-  compare(c);
+  for (const Case& c : testing::keep_gathered_cases(GetParam())) compare(c);
 }
 
 TEST_P(RigRuntime, FillGraphsMatchTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  for (kernels::WireFormat format : {kernels::WireFormat::kBF16, kernels::WireFormat::kMXFP8}) {
-    Case c;
-    c.ranks = GetParam();
-    c.wire = {format};
-    c.fill_graphs = 64;
-    compare(c);
-  }
+  for (const Case& c : testing::fill_graph_cases(GetParam())) compare(c);
 }
 
-// A step captured into a CUDA graph with real peers (collectives, reduce-scatters and all), replayed
-// for the later steps; with and without fill graphs, zeroed and undefined grads.
 TEST_P(RigRuntime, CapturedStepReplaysMatchTheHostBackend) {
   std::string why;
   if (skip(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  for (bool fill_graphs : {false, true}) {
-    Case c;
-    c.ranks = GetParam();
-    c.wire = {fill_graphs ? kernels::WireFormat::kBF16 : kernels::WireFormat::kFP8};
-    c.capture = true;
-    c.fill_graphs = fill_graphs ? 64 : 0;
-    c.grad_init = fill_graphs ? GradInit::kUndefined : GradInit::kZero;
-    c.steps = 6;
-    compare(c);
-  }
+  for (const Case& c : testing::captured_step_cases(GetParam())) compare(c);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RigRuntime, ::testing::Values(2, 4, 8),

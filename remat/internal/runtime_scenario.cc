@@ -266,6 +266,72 @@ std::string describe(const ScenarioCase& c) {
          (c.gemm_backward ? " GEMM-ready backward" : "") + (c.two_groups ? " two groups" : "");
 }
 
+std::vector<ScenarioCase> every_wire_cases(int ranks) {
+  using kernels::WireFormat;
+  std::vector<ScenarioCase> cases;
+  for (const kernels::WireSpec& wire :
+       {kernels::WireSpec{WireFormat::kBF16}, kernels::WireSpec{WireFormat::kFP8},
+        kernels::WireSpec{WireFormat::kMXFP8, kernels::ScaleRounding::kFloor},
+        kernels::WireSpec{WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D}}) {
+    ScenarioCase c;
+    c.ranks = ranks;
+    c.wire = wire;
+    c.gemm_backward = true;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<ScenarioCase> undefined_grad_cases(int ranks) {
+  std::vector<ScenarioCase> cases;
+  for (bool two_groups : {false, true}) {
+    ScenarioCase c;
+    c.ranks = ranks;
+    c.wire = {kernels::WireFormat::kFP8};
+    c.grad_init = GradInit::kUndefined;
+    c.accumulate = false;
+    c.depth = 2;
+    c.two_groups = two_groups;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<ScenarioCase> keep_gathered_cases(int ranks) {
+  ScenarioCase c;
+  c.ranks = ranks;
+  c.wire = {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D};
+  c.keep_gathered = true;
+  return {c};
+}
+
+std::vector<ScenarioCase> fill_graph_cases(int ranks) {
+  std::vector<ScenarioCase> cases;
+  for (kernels::WireFormat format : {kernels::WireFormat::kBF16, kernels::WireFormat::kMXFP8}) {
+    ScenarioCase c;
+    c.ranks = ranks;
+    c.wire = {format};
+    c.fill_graphs = 64;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+std::vector<ScenarioCase> captured_step_cases(int ranks) {
+  std::vector<ScenarioCase> cases;
+  for (bool fill_graphs : {false, true}) {
+    ScenarioCase c;
+    c.ranks = ranks;
+    c.wire = {fill_graphs ? kernels::WireFormat::kBF16 : kernels::WireFormat::kFP8};
+    c.capture = true;
+    c.fill_graphs = fill_graphs ? 64 : 0;
+    c.grad_init = fill_graphs ? GradInit::kUndefined : GradInit::kZero;
+    c.steps = 6;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
 void expect_same_as_host(const ScenarioCase& c, int rank, const Seen& device, const Seen& host, const std::string& what) {
   ASSERT_EQ(device.weights.size(), host.weights.size());
   for (std::size_t i = 0; i < host.weights.size(); ++i) {

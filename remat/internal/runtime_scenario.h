@@ -44,6 +44,21 @@ inline constexpr int kCapturedStep = 2;
 
 std::string describe(const ScenarioCase& c);
 
+// The cases every multi-rank device test runs at G ranks (each list one test):
+// every wire, zeroed (pooled) grads accumulated over microbatches, the backward in the GEMM-ready
+// layout; layer 1 leaves rank 0 a partial shard and the last rank only padding rows;
+std::vector<ScenarioCase> every_wire_cases(int ranks);
+// undefined grad buffers written by the consumer, reduced every microbatch, depth 2, the last layer in
+// one group with the others or in a second group (its own side streams and communicators);
+std::vector<ScenarioCase> undefined_grad_cases(int ranks);
+// keep_gathered (NVFP4 1D);
+std::vector<ScenarioCase> keep_gathered_cases(int ranks);
+// fill graphs (BF16, MXFP8);
+std::vector<ScenarioCase> fill_graph_cases(int ranks);
+// a step captured into a CUDA graph (collectives included) and replayed, with and without fill
+// graphs, zeroed and undefined grads.
+std::vector<ScenarioCase> captured_step_cases(int ranks);
+
 // What one rank saw: every materialized weight (BF16 bytes, or every GEMM-ready section, in call
 // order) and its main grads after every step (its valid rows).
 struct Seen {

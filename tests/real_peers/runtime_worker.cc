@@ -82,8 +82,7 @@ Seen run_on_nccl(const ScenarioCase& c, int rank) {
   return seen;
 }
 
-void compare(ScenarioCase c) {
-  c.ranks = g_bootstrap->world_size();
+void compare(const ScenarioCase& c) {
   const int rank = g_bootstrap->rank();
   SCOPED_TRACE(testing::describe(c));
   Seen host;
@@ -106,73 +105,36 @@ void compare(ScenarioCase c) {
     if (!kernels::cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why; \
   } while (0)
 
-// Every wire, zeroed (pooled) grads accumulated over microbatches; padding-only ranks; the backward in
-// the GEMM-ready layout (every section, decode scales of G chunks included).
+// The shared case lists (runtime_scenario.h) at G = the world size.
 TEST(RealPeersRuntime, EveryWireMatchesTheHostBackend) {
   SKIP_WITHOUT_GPU();
-  using kernels::WireFormat;
-  for (const kernels::WireSpec& wire :
-       {kernels::WireSpec{WireFormat::kBF16}, kernels::WireSpec{WireFormat::kFP8},
-        kernels::WireSpec{WireFormat::kMXFP8, kernels::ScaleRounding::kFloor},
-        kernels::WireSpec{WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k2D}}) {
-    ScenarioCase c;
-    c.wire = wire;
-    c.gemm_backward = true;
-    const int g = g_bootstrap->world_size();
-    const auto geometry = kernels::weight_geometry(wire.format, testing::scenario_shapes()[1].rows,
-                                                   testing::scenario_shapes()[1].cols, g);
+  for (const ScenarioCase& c : testing::every_wire_cases(g_bootstrap->world_size())) {
+    const auto geometry = kernels::weight_geometry(c.wire.format, testing::scenario_shapes()[1].rows,
+                                                   testing::scenario_shapes()[1].cols, c.ranks);
     ASSERT_EQ(geometry.valid_rows(0), 5);
-    ASSERT_EQ(geometry.valid_rows(g - 1), 0) << "the last rank must hold only padding rows of layer 1";
+    ASSERT_EQ(geometry.valid_rows(c.ranks - 1), 0) << "the last rank must hold only padding rows of layer 1";
     compare(c);
   }
 }
 
-// Undefined grad buffers written by the consumer, reduced every microbatch; depth 2; the last layer
-// in a second group (its own side streams and communicators) or not.
 TEST(RealPeersRuntime, UndefinedGradsPerMicrobatchMatchTheHostBackend) {
   SKIP_WITHOUT_GPU();
-  for (bool two_groups : {false, true}) {
-    ScenarioCase c;
-    c.wire = {kernels::WireFormat::kFP8};
-    c.grad_init = GradInit::kUndefined;
-    c.accumulate = false;
-    c.depth = 2;
-    c.two_groups = two_groups;
-    compare(c);
-  }
+  for (const ScenarioCase& c : testing::undefined_grad_cases(g_bootstrap->world_size())) compare(c);
 }
 
 TEST(RealPeersRuntime, KeepGatheredMatchesTheHostBackend) {
   SKIP_WITHOUT_GPU();
-  ScenarioCase c;
-  c.wire = {kernels::WireFormat::kNVFP4, kernels::ScaleRounding::kRceil, kernels::Nvfp4Blocks::k1D};
-  c.keep_gathered = true;
-  compare(c);
+  for (const ScenarioCase& c : testing::keep_gathered_cases(g_bootstrap->world_size())) compare(c);
 }
 
 TEST(RealPeersRuntime, FillGraphsMatchTheHostBackend) {
   SKIP_WITHOUT_GPU();
-  for (kernels::WireFormat format : {kernels::WireFormat::kBF16, kernels::WireFormat::kMXFP8}) {
-    ScenarioCase c;
-    c.wire = {format};
-    c.fill_graphs = 64;
-    compare(c);
-  }
+  for (const ScenarioCase& c : testing::fill_graph_cases(g_bootstrap->world_size())) compare(c);
 }
 
-// A step captured into a CUDA graph with real NCCL collectives (gathers, reduce-scatters), replayed
-// for the later steps; with and without fill graphs, zeroed and undefined grads.
 TEST(RealPeersRuntime, CapturedStepReplaysMatchTheHostBackend) {
   SKIP_WITHOUT_GPU();
-  for (bool fill_graphs : {false, true}) {
-    ScenarioCase c;
-    c.wire = {fill_graphs ? kernels::WireFormat::kBF16 : kernels::WireFormat::kFP8};
-    c.capture = true;
-    c.fill_graphs = fill_graphs ? 64 : 0;
-    c.grad_init = fill_graphs ? GradInit::kUndefined : GradInit::kZero;
-    c.steps = 6;
-    compare(c);
-  }
+  for (const ScenarioCase& c : testing::captured_step_cases(g_bootstrap->world_size())) compare(c);
 }
 
 }  // namespace

@@ -364,3 +364,54 @@ def test_torch_dist_checkpoint_saved_at_g2_loads_at_another_g_and_padded_splits_
             with rank_threads():
                 expected = torch.matmul(x, weight.t()) + saved[0][2]
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def _steps_with_megatron_optimizer(rank, world, store_dir, report_steps):
+    """Four optimizer steps of two microbatches each through Megatron-Core's embedding and column-parallel
+    linear on libgtp at G = 2, stepped by a Megatron-Core optimizer (FP32Optimizer, built without its
+    constructor, which only puts a loss-scale tensor on CUDA). Returns libgtp's stale-prefetch count
+    after each step: a chain head prefetched at a step's last drain from the shards the optimizer then
+    changes is gathered twice."""
+    _init(rank, world, store_dir, gtp=2)
+    ctx = gm.use_libgtp(backend="host")
+    if not report_steps:  # what gtp.megatron did before it told the context about its optimizer steps
+        ctx.optimizer_stepped = lambda: None
+    from megatron.core.optimizer import OptimizerConfig
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+    import megatron.core.tensor_parallel.gtp_api as api
+    config = _config()
+    torch.manual_seed(7)
+    linear = ColumnParallelLinear(IN, OUT, config=config, init_method=torch.nn.init.normal_, bias=False,
+                                  gather_output=False)
+    embedding = VocabParallelEmbedding(VOCAB, IN, init_method=torch.nn.init.normal_, config=config)
+    api.classify_gtp_remat_chains([embedding, linear])
+    optimizer = FP32Optimizer.__new__(FP32Optimizer)
+    optimizer.optimizer = torch.optim.SGD([embedding.weight, linear.weight], lr=1e-3)
+    optimizer.config = OptimizerConfig(clip_grad=0.0)
+    optimizer.is_stub_optimizer = False
+    data = torch.Generator().manual_seed(100 + rank)
+    stale = []
+    for _ in range(4):
+        for _ in range(2):
+            out, _ = linear(embedding(torch.randint(0, VOCAB, (5, 3), generator=data)))
+            out.square().sum().backward()
+        for p in (embedding.weight, linear.weight):  # what the optimizer reads (the values do not matter here)
+            p.main_grad = torch.zeros_like(p)
+        ok, _, _ = optimizer.step()
+        assert ok
+        stale.append(ctx.stats()["materialize"]["stale_prefetches"])
+    gm.reset()
+    return stale
+
+
+@pytest.mark.parametrize("report_steps", [True, False], ids=["reported", "not_reported"])
+def test_megatron_optimizer_steps_leave_the_next_head_to_the_repack(report_steps):
+    """gtp.megatron reports each optimizer step to the context, so from the second step on the last
+    drain of a step leaves the next step's head to the re-pack: no stale prefetch is gathered again.
+    Without the report (the control) every step re-gathers its head once: the count the test relies on."""
+    for stale in run_ranks(_steps_with_megatron_optimizer, 2, report_steps):
+        if report_steps:
+            assert stale[-1] == stale[0], f"stale prefetches per step {stale}: the head was gathered twice"
+        else:
+            assert stale[-1] - stale[0] == 3, f"stale prefetches per step {stale}: the control found no re-gather"

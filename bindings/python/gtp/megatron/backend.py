@@ -94,6 +94,7 @@ class Backend:
                 finally:
                     backend._step_depth -= 1
                 if backend._step_depth == 0 and backend.params:
+                    backend.context.optimizer_stepped()  # the next step's last drain defers its head
                     backend.context.shard_updated(backend.leaders())
                 return result
             wrapped._gtp_wrapped = True

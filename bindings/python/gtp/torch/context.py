@@ -91,6 +91,8 @@ class Context(core.Context):
         self._drain_queued = False
         self._drains_per_step = 0  # attach_optimizer's microbatches; 0: no optimizer attached
         self._drains = 0
+        self._drains_this_step = 0     # drains since the last optimizer_stepped()
+        self._drains_last_step = 0     # how many the last step had (optimizer_stepped); 0: unknown
         self.parameters = []        # every ShardedParameter registered on this context
         self._open_uses = []        # (leader, layout, stream) of protocol materializations not yet ended
         self._views = {}            # cached_view's objects by the memory they view
@@ -184,11 +186,17 @@ class Context(core.Context):
         shard's gradient (ShardedParameter: into .grad, or main_grad), ordered on the current stream.
         defer_head leaves the next step's head to the next shard_updated, so it is gathered once, from
         the updated shards. Default: on the drain that ends each optimizer step once attach_optimizer
-        was called (every `microbatches`-th drain), else off."""
+        was called (every `microbatches`-th drain); else, when the framework reports its optimizer steps
+        (optimizer_stepped), on the drain that ends a step of as many drains as the last one had;
+        else off."""
         self._drain_queued = False
         if defer_head is None:
             self._drains += 1
-            defer_head = self._drains_per_step > 0 and self._drains % self._drains_per_step == 0
+            self._drains_this_step += 1
+            if self._drains_per_step > 0:
+                defer_head = self._drains % self._drains_per_step == 0
+            else:
+                defer_head = self._drains_this_step == self._drains_last_step
         self.end_open_uses()
         if self._weights or self.closed:  # nothing registered (every layer inert at G = 1): no call
             super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
@@ -248,6 +256,13 @@ class Context(core.Context):
                 member.sync_storage()
         super().shard_updated([getattr(w, "gtp_weight", w) for w in items],
                               self.stream() if stream is None else stream)
+
+    def optimizer_stepped(self):
+        """Tells the context that an optimizer step ended (before its re-pack), for frameworks that step
+        their own optimizers (gtp.megatron): the drains since the last step are how many the next step
+        is expected to have, so that its last drain leaves the next step's head to the re-pack instead
+        of gathering it from the shards the step is about to change (a gather wasted every step)."""
+        self._drains_last_step, self._drains_this_step = self._drains_this_step, 0
 
     def attach_optimizer(self, optimizer, microbatches=1):
         """After every optimizer.step(), re-pack this context's shards (collective: every rank steps).

@@ -81,6 +81,27 @@ PY
   rm -rf "$wheel_dir"
 fi
 
+# Megatron Bridge 0.6.2 (gtp.bridge's tests, //bindings/python:bridge_test) needs Python >= 3.12: where
+# pyenv has a 3.12, a virtual environment .venv312 in the checkout with every package of
+# tools/constraints-bridge.txt (about 6 GB, mostly torch's CUDA wheels, about 6 minutes). Made again only
+# when the constraints change. A failure here is reported and leaves the bridge tests skipping, saying why.
+py312="$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3 2>/dev/null | sort -V | tail -n 1)"
+venv="$(cd "$(dirname "$0")/.." && pwd)/.venv312"
+bridge_pins="$(dirname "$0")/constraints-bridge.txt"
+stamp="$(sha256sum "$bridge_pins" | cut -c1-16)"
+if [ -z "$py312" ]; then
+  echo "setup: no Python 3.12 under pyenv: the Megatron Bridge tests will skip"
+elif [ "$(cat "$venv/.constraints" 2>/dev/null)" = "$stamp" ]; then
+  echo "setup: $venv already holds tools/constraints-bridge.txt"
+elif rm -rf "$venv" && "$py312" -m venv "$venv" &&
+     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -r "$bridge_pins"; then
+  echo "$stamp" > "$venv/.constraints"
+  echo "setup: made $venv ($("$py312" --version), tools/constraints-bridge.txt) for the Megatron Bridge tests"
+else
+  rm -rf "$venv"
+  echo "setup: WARNING: could not make $venv (see pip's message above): the Megatron Bridge tests will skip" >&2
+fi
+
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   echo "setup: CUDA toolkit found: $(/usr/local/cuda/bin/nvcc --version | tail -n 2 | head -n 1)"
 else

@@ -17,6 +17,7 @@ loaders, consumed samples, FLOPs, evaluation counts, the logged loss and checkpo
 state count the DP x G data ranks, as Megatron-LM does."""
 from .checks import check, sizes
 from .hooks import BRIDGE_VERSION, CORE_VERSION, Hooks, data_view
+from . import recipe
 from .install import apply_install_workarounds
 
 __all__ = ["enable", "disable", "enabled", "check", "sizes", "data_view", "model_parallel_kwargs",

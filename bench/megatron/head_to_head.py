@@ -232,12 +232,12 @@ def rank_main(rank, world, store_dir, args):
             runs[impl]["seconds"] = time.time() - start
             if impl == "off":
                 reference = runs["off"]["initial"]
-        results[variant] = summarize_rank(runs, rank, world, args)
+        results[variant] = summarize_rank(runs, rank)
     torch.distributed.barrier()
     return results
 
 
-def summarize_rank(runs, rank, world, args):
+def summarize_rank(runs, rank):
     off, meg, lib = runs["off"], runs["megatron"], runs["libgtp"]
 
     def rel(a, b):
@@ -248,7 +248,7 @@ def summarize_rank(runs, rank, world, args):
         param_diff[name] = None if q is None or q.shape != p.shape else float((p - q).abs().max())
     identical_params = all(d == 0.0 for d in param_diff.values())
     steps = len(lib["ops"])
-    counted = list(range(min(2, steps - 1), steps))  # after the first steps' set-up
+    counted = list(range(2, steps))  # after the first two steps (set-up, chains recorded)
 
     def op_table(run_):
         table = {}

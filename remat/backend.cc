@@ -7,6 +7,11 @@
 
 namespace gtp::remat {
 
+void Backend::reduce_scatter_sum(Stream, int, const float*, float*, std::int64_t) {
+  throw std::logic_error(name() + " backend: reduce_scatter_sum is not supported (it reduces means only); "
+                         "use the host or CUDA backend for sum_grads");
+}
+
 void* Backend::allocate(std::int64_t bytes) {
   if (bytes <= 0) throw std::invalid_argument("allocate: bytes = " + std::to_string(bytes) + " must be positive");
   void* ptr = do_allocate(bytes);

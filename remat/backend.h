@@ -91,6 +91,9 @@ class Backend {
   // send + group_rank x recv_count (in place); it must not overlap send otherwise.
   virtual void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv,
                                    std::int64_t recv_count) = 0;
+  // As reduce_scatter_mean, the sum instead of the mean (GradsConfig::sum). The default throws
+  // std::logic_error: a backend that only averages (a test transport) says so.
+  virtual void reduce_scatter_sum(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count);
   // dst[i] += src[i] in FP32.
   virtual void add(Stream stream, const float* src, float* dst, std::int64_t count) = 0;
   virtual void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) = 0;

@@ -270,17 +270,19 @@ void CudaBackend::issue(const Collective& c) {
                                           nccl.get(), c.stream),
                       "ncclAllReduce(max)");
     }
-    case Collective::Op::kReduceScatterMean: {
+    case Collective::Op::kReduceScatterMean:
+    case Collective::Op::kReduceScatterSum: {
       const auto* send = static_cast<const float*>(c.send);
       auto* recv = static_cast<float*>(c.recv);
+      const bool sum = c.op == Collective::Op::kReduceScatterSum;
       if (collectives_ != nullptr) return collectives_->reduce_scatter_mean(c.stream, c.group, send, recv, c.count);
       comm::NcclComm& nccl = *g.reduce_scatter;
       // The mean over one rank is the value itself: ncclSum says so, and NCCL then leaves an in-place
       // buffer alone, where ncclAvg would run a scaling kernel over it (its one-rank path).
-      const ncclRedOp_t op = group_size(c.group) == 1 ? ncclSum : ncclAvg;
+      const ncclRedOp_t op = sum || group_size(c.group) == 1 ? ncclSum : ncclAvg;
       return enqueued(nccl, ncclReduceScatter(send, recv, static_cast<std::size_t>(c.count), ncclFloat32, op,
                                               nccl.get(), c.stream),
-                      "ncclReduceScatter(mean)");
+                      sum ? "ncclReduceScatter(sum)" : "ncclReduceScatter(mean)");
     }
   }
 }
@@ -314,6 +316,13 @@ void CudaBackend::all_reduce_max(Stream stream, int group, float* data, std::int
 
 void CudaBackend::reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
   collective({Collective::Op::kReduceScatterMean, group, on(stream), send, recv, recv_count});
+}
+
+void CudaBackend::reduce_scatter_sum(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) {
+  if (collectives_ != nullptr) {
+    throw std::logic_error("CudaBackend::reduce_scatter_sum on a test transport, which reduces means only");
+  }
+  collective({Collective::Op::kReduceScatterSum, group, on(stream), send, recv, recv_count});
 }
 
 void CudaBackend::add(Stream stream, const float* src, float* dst, std::int64_t count) {

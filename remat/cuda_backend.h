@@ -88,6 +88,8 @@ class CudaBackend : public Backend {
   void all_gather(Stream stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
   void all_reduce_max(Stream stream, int group, float* data, std::int64_t count) override;
   void reduce_scatter_mean(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
+  // ncclSum on the reduce-scatter communicator; std::logic_error on a test transport (it averages only).
+  void reduce_scatter_sum(Stream stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream stream, const float* src, float* dst, std::int64_t count) override;
   void copy(Stream stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream stream, void* dst, unsigned char byte, std::int64_t bytes) override;
@@ -154,7 +156,7 @@ class CudaBackend : public Backend {
   void enqueued(comm::NcclComm& comm, int result, const char* what);
   // A collective as the runtime called it; recorded while a batch is open, issued at its end.
   struct Collective {
-    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean };
+    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean, kReduceScatterSum };
     Op op;
     int group;
     cudaStream_t stream;

@@ -182,7 +182,11 @@ void Grads::finalize(const std::vector<WeightId>& ids, bool last_microbatch, Str
       continue;
     }
     const std::int64_t count = weight.geometry.shard_rows * weight.desc.cols;
-    backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, shard_of(weight, full.ptr), count);
+    if (config_.sum) {
+      backend_.reduce_scatter_sum(rs, weight.desc.group, full.ptr, shard_of(weight, full.ptr), count);
+    } else {
+      backend_.reduce_scatter_mean(rs, weight.desc.group, full.ptr, shard_of(weight, full.ptr), count);
+    }
     ++stats_.reduce_scatters;
     pending_.push_back(Pending{id, full});
   }

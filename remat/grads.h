@@ -51,6 +51,8 @@ namespace gtp::remat {
 
 struct GradsConfig {
   bool accumulate_microbatches = false;
+  // Reduce-scatter the SUM over the group instead of the mean (Megatron's calculate_per_token_loss).
+  bool sum = false;
   std::function<void(WeightId)> grad_ready;  // optional; runs on the host after the main-grad add
   // Per backend group: its kUndefined buffers are the main grads when the group has size 1. Empty:
   // every group does. Runtime sets it from GroupConfig::grads_into_main_grad.

@@ -74,6 +74,10 @@ void HostBackend::reduce_scatter_mean(Stream, int group, const float* send, floa
   collective({Collective::Op::kReduceScatterMean, &comm(group), group, send, recv, recv_count, FillTag{}});
 }
 
+void HostBackend::reduce_scatter_sum(Stream, int group, const float* send, float* recv, std::int64_t recv_count) {
+  collective({Collective::Op::kReduceScatterSum, &comm(group), group, send, recv, recv_count, FillTag{}});
+}
+
 void HostBackend::add(Stream, const float* src, float* dst, std::int64_t count) {
   run([=] {
     for (std::int64_t i = 0; i < count; ++i) dst[i] += src[i];
@@ -112,8 +116,10 @@ void HostBackend::make(const Collective& c) {
     case Collective::Op::kAllReduceMax:
       return hc.all_reduce_max(static_cast<float*>(c.recv), static_cast<std::size_t>(c.count));
     case Collective::Op::kReduceScatterMean:
+    case Collective::Op::kReduceScatterSum:
       return hc.reduce_scatter(c.send, c.recv, static_cast<std::size_t>(c.count), comm::HostDataType::kFloat32,
-                               comm::HostReduceOp::kMean);
+                               c.op == Collective::Op::kReduceScatterSum ? comm::HostReduceOp::kSum
+                                                                         : comm::HostReduceOp::kMean);
     case Collective::Op::kFillTags: {
       std::vector<FillTag> tags(static_cast<std::size_t>(hc.size()));
       hc.all_gather(&c.tag, tags.data(), sizeof(FillTag));

@@ -39,6 +39,7 @@ class HostBackend : public Backend {
   void all_gather(Stream, int group, const void* send, void* recv, std::int64_t bytes_per_rank) override;
   void all_reduce_max(Stream, int group, float* data, std::int64_t count) override;
   void reduce_scatter_mean(Stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
+  void reduce_scatter_sum(Stream, int group, const float* send, float* recv, std::int64_t recv_count) override;
   void add(Stream, const float* src, float* dst, std::int64_t count) override;
   void copy(Stream, const float* src, float* dst, std::int64_t count) override;
   void fill(Stream, void* dst, unsigned char byte, std::int64_t bytes) override;
@@ -76,7 +77,7 @@ class HostBackend : public Backend {
  private:
   // A collective as the runtime called it (kept while a batch is open, made at its end).
   struct Collective {
-    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean, kFillTags } op;
+    enum class Op : unsigned char { kAllGather, kAllReduceMax, kReduceScatterMean, kReduceScatterSum, kFillTags } op;
     comm::HostComm* comm;
     int group;
     const void* send;

@@ -93,6 +93,7 @@ std::vector<AgreedSetting> context_settings(int backend, bool accumulate_microba
       {"ep", s.ep, {}},
       {"expt_gtp_remat", s.expt_gtp_remat, {}},
       {"accumulate_microbatches", accumulate_microbatches ? 1 : 0, {}},
+      {"sum_grads", runtime.grads.sum ? 1 : 0, {}},
   };
   const std::vector<std::string> formats = {"bf16", "fp8", "mxfp8", "nvfp4"};
   for (std::size_t g = 0; g < runtime.groups.size(); ++g) {

@@ -237,6 +237,23 @@ TEST(Diverge, PerRankPrefetchDepthFailsCreateOnEveryRank) {
   }
 }
 
+// One rank reduce-scatters sums, the other means: their main grads would differ by a factor G with
+// success everywhere. Create fails on every rank naming sum_grads.
+TEST(Diverge, PerRankSumGradsFailsCreateOnEveryRank) {
+  Messages messages(2);
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+    config.callbacks = &callbacks;
+    config.sum_grads = rank;
+    gtp_context_t* ctx = nullptr;
+    EXPECT_EQ(gtp_context_create(&config, &ctx), GTP_ERROR_DIVERGED) << gtp_last_error(nullptr);
+    messages.text[rank] = gtp_last_error(nullptr);
+  });
+  for (const std::string& text : messages.text) {
+    expect_contains(text, {"different settings: ", "sum_grads: 0 on rank 0, 1 on rank 1"});
+  }
+}
+
 // Ranks with different profiles (wire format, depth): create used to succeed.
 TEST(Diverge, ProfilesThatDifferFailCreateNamingEachSetting) {
   Messages messages(3);

@@ -274,7 +274,8 @@ TEST(CAbi, CreateRefusesBadConfigurationsAndLeavesTheOutputUntouched) {
   EXPECT_GTP_ERROR(gtp_context_create(nullptr, &out), GTP_ERROR_INVALID_ARGUMENT, nullptr, "config is NULL");
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
   EXPECT_GTP_ERROR(gtp_context_create(&config, nullptr), GTP_ERROR_INVALID_ARGUMENT, nullptr, "out is NULL");
-  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 16; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+  // A size that is no layout's (size - 8 and size - 16 are the 0.7.1 and 0.7.0 layouts, accepted).
+  EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.struct_size -= 4; }), GTP_ERROR_INVALID_ARGUMENT, nullptr,
                    "gtp_context_config_t.struct_size");
   EXPECT_GTP_ERROR(attempt([](gtp_context_config_t& c) { c.header_version += 100; }), GTP_ERROR_VERSION, nullptr,
                    "compiled against gtp.h 0.8 but this libgtp is 0.7");
@@ -328,6 +329,25 @@ TEST(CAbi, CallTimeoutIsCheckedAndThe070ConfigLayoutIsAccepted) {
   ASSERT_EQ(gtp_context_create(&config, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
   EXPECT_EQ(gtp_context_check(ctx), GTP_SUCCESS) << gtp_last_error(ctx);
   EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+}
+
+// sum_grads, appended after 0.7.1: a caller built against the 0.7.1 header (whose struct ends before
+// it) is accepted with it taken as 0, and a struct_size between the known layouts is refused.
+TEST(CAbi, The071ConfigLayoutIsAcceptedWithoutSumGrads) {
+  auto group = gtp::comm::ThreadBootstrap::create_group(1, kTimeout);
+  const gtp_bootstrap_callbacks_t callbacks = callbacks_for(*group[0]);
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &callbacks;
+  config.sum_grads = 1;
+  gtp_context_t* ctx = nullptr;
+  ASSERT_EQ(gtp_context_create(&config, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+  EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  config.struct_size = offsetof(gtp_context_config_t, sum_grads);
+  ASSERT_EQ(gtp_context_create(&config, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+  EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  config.struct_size = offsetof(gtp_context_config_t, sum_grads) + 1;
+  EXPECT_GTP_ERROR(gtp_context_create(&config, &ctx), GTP_ERROR_INVALID_ARGUMENT, nullptr,
+                   "gtp_context_config_t.struct_size is");
 }
 
 TEST(CAbi, BootstrapFailuresMapToTimeoutAndSystem) {

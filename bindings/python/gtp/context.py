@@ -189,13 +189,15 @@ class Context:
     prefetch_depth, memory_budget_bytes: None takes each group's own profile settings (GTP_FROM_PROFILE);
     a number sets every group (the budget is each group's).
     backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
+    sum_grads=True reduce-scatters each weight gradient as the sum over its group instead of the mean
+    (Megatron's calculate_per_token_loss); every rank must pass the same.
     Use it as a context manager, or call close() (collective) at the end.
     """
 
     def __init__(self, store=None, rank=None, world_size=None, *, backend="host", timeout_s=60.0,
                  profile_json=None, profile_path=None, prefetch_depth=None, memory_budget_bytes=None,
                  accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None,
-                 call_timeout_s=None):
+                 call_timeout_s=None, sum_grads=False):
         self._lib = _lib.lib()
         self._handle = None
         self._weights = {}
@@ -233,6 +235,11 @@ class Context:
                                       else _integer(memory_budget_bytes, "memory_budget_bytes", 0, INT64_MAX))
         config.accumulate_microbatches = 1 if accumulate_microbatches else 0
         self.accumulate_microbatches = bool(accumulate_microbatches)
+        if not isinstance(sum_grads, bool):
+            raise TypeError(f"sum_grads={sum_grads!r}: pass True (reduce-scatter sums over the group, Megatron's "
+                            "calculate_per_token_loss) or False (means, the default)")
+        config.sum_grads = 1 if sum_grads else 0
+        self.sum_grads = sum_grads
         config.trace_spans = _integer(trace_spans, "trace_spans", 0, UINT64_MAX)  # libgtp names its own limit
         # On the host backend always installed (kept alive here): it dispatches to self.grad_ready, which
         # may change later. On CUDA libgtp runs it on the driver's host-function thread, where entering

@@ -117,9 +117,9 @@ def test_use_libgtp_routes_every_gtp_api_function_and_reset_restores_them(tmp_pa
     assert have_gtp is False  # Megatron-Core's own answer without TE, back after reset
 
 
-def _layers(rank, world, store_dir, gtp):
+def _layers(rank, world, store_dir, gtp, sum_grads=False):
     ps = _init(rank, world, store_dir, gtp=gtp)
-    ctx = gm.use_libgtp(backend="host")
+    ctx = gm.use_libgtp(backend="host", sum_grads=sum_grads)
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
     config = _config()
     torch.manual_seed(7)
@@ -140,6 +140,14 @@ def _layers(rank, world, store_dir, gtp):
               "linear_grad": linear.weight.grad, "embed_grad": embedding.weight.grad, "tokens": tokens,
               "out": out.detach(), "group_ranks": torch.distributed.get_process_group_ranks(
                   ps.get_gtp_weight_remat_group())}
+    from types import SimpleNamespace as NS
+    refusals = []
+    for per_token in (not sum_grads, sum_grads):  # the mismatch is refused naming the fix; the match passes
+        try:
+            gm.check_training(NS(calculate_per_token_loss=per_token))
+        except RuntimeError as e:
+            refusals.append(str(e).split("use_libgtp(")[-1].rstrip(")"))
+    result["refusals"] = refusals
     gm.reset()
     return result
 
@@ -163,11 +171,34 @@ def test_megatron_column_parallel_linear_and_embedding_at_g2_on_libgtp_match_the
         grads_l.append(g_l.float())
         grads_e.append(g_e.float())
     mean_l, mean_e = ((grads_l[0] + grads_l[1]) / 2).bfloat16(), ((grads_e[0] + grads_e[1]) / 2).bfloat16()
+    # per-token loss on this averaging context: refused, naming use_libgtp(sum_grads=True); off: passes
+    assert all(r["refusals"] == ["sum_grads=True"] for r in results), results[0]["refusals"]
     for r in results:
         s, n = r["linear_rows"]
         torch.testing.assert_close(r["linear_grad"], mean_l[s:s + n], rtol=0, atol=0)
         s, n = r["embed_rows"]
         torch.testing.assert_close(r["embed_grad"], mean_e[s:s + n], rtol=0, atol=0)
+
+
+def test_per_token_loss_at_g2_sums_the_gtp_axis_as_megatron_does():
+    """calculate_per_token_loss: Megatron's GTP reduce-scatters the SUM over G (no 1/G pre-scale).
+    use_libgtp(sum_grads=True) does the same: each shard's gradient is the sum of the ranks' unsharded
+    gradients, bit for bit (FP32 sums of two); check_training refuses a config whose per-token setting
+    differs from the context's, naming the fix."""
+    results = run_ranks(_layers, 2, 2, True)
+    linear = torch.cat([r["linear"] for r in results])
+    embed = torch.cat([r["embed"] for r in results])
+    with rank_threads():
+        references = [_reference(r, linear, embed) for r in results]
+    sum_l = (references[0][1].float() + references[1][1].float()).bfloat16()
+    sum_e = (references[0][2].float() + references[1][2].float()).bfloat16()
+    for r in results:
+        s, n = r["linear_rows"]
+        torch.testing.assert_close(r["linear_grad"], sum_l[s:s + n], rtol=0, atol=0)
+        s, n = r["embed_rows"]
+        torch.testing.assert_close(r["embed_grad"], sum_e[s:s + n], rtol=0, atol=0)
+    # per-token loss off on a summing context: refused, naming use_libgtp(sum_grads=False); on: passes
+    assert all(r["refusals"] == ["sum_grads=False"] for r in results), results[0]["refusals"]
 
 
 def _reference(r, linear, embed):

@@ -80,11 +80,16 @@ typedef struct {
    * collective a call issues, in ms; 0: timeout_ms. timeout_ms then bounds creation (bootstrap,
    * communicators, warm-up). Values up to INT64_MAX mean "very long" (capped at 100 years). */
   int64_t call_timeout_ms;
+  /* Appended after 0.7.1 (the 0.7.1 and 0.7.0 struct_size are still accepted, with 0 here): nonzero
+   * reduce-scatters each weight gradient as the SUM over its group instead of the mean, as Megatron's
+   * GTP does under calculate_per_token_loss (the loss is divided by the token count of every data
+   * rank elsewhere). Agreed at create: ranks that differ get GTP_ERROR_DIVERGED. */
+  int32_t sum_grads;
 } gtp_context_config_t;
 
 #define GTP_CONTEXT_CONFIG_INITIALIZER \
   { sizeof(gtp_context_config_t), GTP_HEADER_VERSION, GTP_BOOTSTRAP_CALLBACKS, NULL, 60000, GTP_BACKEND_HOST, \
-    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL, 0 }
+    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL, 0, 0 }
 
 /* Collective over the bootstrap's ranks. */
 gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);

@@ -69,7 +69,11 @@ def check(cfg, world_size=None):
                            "set it to 1")
     check_config(cfg.model, ddp)
     m = cfg.model
+    if gtp_on and getattr(m, "calculate_per_token_loss", False):
+        raise RuntimeError(f"cfg.model.calculate_per_token_loss=True at G={s.gtp}: libgtp sums the G axis for it "
+                           "(gtp.megatron), but Bridge's token counting over DP x G is not verified with gtp.bridge: "
+                           "set cfg.model.calculate_per_token_loss=False")
     check_recipe({"calculate_per_token_loss": getattr(m, "calculate_per_token_loss", False), "fp8": getattr(m, "fp8", None),
                   "fp8_recipe": getattr(m, "fp8_recipe", None), "fp4": getattr(m, "fp4", None)},
-                 SimpleNamespace(gtp_remat=s.gtp, expert_gtp_remat=s.expert_gtp))
+                 SimpleNamespace(gtp_remat=s.gtp, expert_gtp_remat=s.expert_gtp), sum_grads=False)
     return s

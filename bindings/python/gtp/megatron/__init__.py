@@ -57,7 +57,7 @@ def _profile(sizes, profile):
 
 
 def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_depth=None,
-               memory_budget_bytes=None, timeout_s=300.0, check=True, machinery_at_g1=False):
+               memory_budget_bytes=None, timeout_s=300.0, check=True, machinery_at_g1=False, sum_grads=None):
     """Makes Megatron-Core use libgtp for every GTP weight built from now on. Call it after
     parallel_state.initialize_model_parallel and before the model is built; collective (every rank).
 
@@ -67,7 +67,10 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
     text) for its cluster and group settings; its `parallel` sizes are Megatron's; check: verify that
     libgtp's groups hold the ranks of Megatron's (one all_gather_object); machinery_at_g1: put the TE
     layers of a group of one on libgtp too (default False: inert there, as Megatron-Core's GTP at
-    size 1; gtp.torch.Context's keyword). Returns the gtp.torch.Context."""
+    size 1; gtp.torch.Context's keyword); sum_grads: reduce-scatter the sum over G instead of the mean,
+    as Megatron's GTP does under calculate_per_token_loss (default None: what Megatron-Core's GTP config
+    says, which configure_gtp_remat_from_recipe sets before the model is built; check_training refuses
+    a config that disagrees). Returns the gtp.torch.Context."""
     global _BACKEND
     if _BACKEND is not None:
         raise RuntimeError("gtp.megatron.use_libgtp() was already called in this process: call "
@@ -86,10 +89,13 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
     # One rank without a profile: libgtp's own defaults are exactly these sizes (all 1), as the
     # gtp.torch TE runs use them; otherwise the profile carries Megatron's sizes.
     profile_json = None if profile is None and sizes.world_size == 1 else _profile(sizes, profile)
+    if sum_grads is None:
+        from megatron.core.tensor_parallel import generalized_tensor_parallelism as mgtp
+        sum_grads = bool(mgtp.GTP_CONFIG.calculate_per_token_loss)
     context = gt.Context(store, torch.distributed.get_rank(), sizes.world_size, backend=backend,
                          profile_json=profile_json, prefetch_depth=prefetch_depth,
                          memory_budget_bytes=memory_budget_bytes, timeout_s=timeout_s,
-                         machinery_at_g1=machinery_at_g1)
+                         machinery_at_g1=machinery_at_g1, sum_grads=bool(sum_grads))
     try:
         if check:
             check_groups(context)
@@ -107,14 +113,14 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
 def check_training(config, ddp_config=None):
     """Refuses, before training, the Megatron settings the libgtp backend does not run (each error
     names the setting and the fix): CUDA graphs, delayed wgrads, FP8 primary weights, overlapped
-    parameter gathers, Megatron FSDP; with use_libgtp active also per-token loss at G > 1 and FP8 / FP4
-    recipes other than tensorwise (current scaling)."""
+    parameter gathers, Megatron FSDP; with use_libgtp active also a per-token-loss setting that differs
+    from the context's sum_grads at G > 1, and FP8 / FP4 recipes other than tensorwise (current scaling)."""
     check_config(config, ddp_config)
     if _BACKEND is not None:
         from .backend import check_recipe
         check_recipe({"calculate_per_token_loss": getattr(config, "calculate_per_token_loss", False),
                       "fp8": getattr(config, "fp8", None), "fp8_recipe": getattr(config, "fp8_recipe", None),
-                      "fp4": getattr(config, "fp4", None)}, _BACKEND.context.sizes)
+                      "fp4": getattr(config, "fp4", None)}, _BACKEND.context.sizes, _BACKEND.context.sum_grads)
 
 
 def active():

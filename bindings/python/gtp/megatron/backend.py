@@ -213,7 +213,7 @@ class Backend:
             """Before the build: libgtp's padding depends on the wire, not on the recipe; refuse what differs."""
             backend.recipe = {"fp4": fp4, "fp8_recipe": fp8_recipe, "fp8": fp8,
                               "calculate_per_token_loss": calculate_per_token_loss}
-            check_recipe(backend.recipe, backend.context.sizes)
+            check_recipe(backend.recipe, backend.context.sizes, backend.context.sum_grads)
 
         def gtp_remat_shard_dim0(dim0, gtp_remat_group):
             g = backend.context.geometry(dim0, 16, backend.wire, backend.group_name(gtp_remat_group))
@@ -255,10 +255,16 @@ class Backend:
                 "wrap_module_params_gtp": wrap_module_params_gtp}
 
 
-def check_recipe(recipe, sizes):
-    if recipe.get("calculate_per_token_loss") and (sizes.gtp_remat > 1 or sizes.expert_gtp_remat > 1):
-        raise RuntimeError("calculate_per_token_loss=True needs the gtp_remat axis SUM-reduced; libgtp's "
-                           "reduce-scatter takes the mean over G: train with calculate_per_token_loss=False, or at G = 1")
+def check_recipe(recipe, sizes, sum_grads):
+    """Refuses a recipe libgtp's context was not made for: calculate_per_token_loss must match the
+    context's sum_grads wherever a GTP axis is active (Megatron sums that axis then, and means it otherwise)."""
+    per_token = bool(recipe.get("calculate_per_token_loss"))
+    if per_token != sum_grads and (sizes.gtp_remat > 1 or sizes.expert_gtp_remat > 1):
+        raise RuntimeError(f"calculate_per_token_loss={per_token} but libgtp's context reduce-scatters the "
+                           f"{'sum' if sum_grads else 'mean'} over G: Megatron sums the GTP axis under per-token "
+                           "loss and averages it otherwise. Call configure_gtp_remat_from_recipe (or set "
+                           "config.calculate_per_token_loss) before gtp.megatron.use_libgtp, or pass "
+                           f"use_libgtp(sum_grads={per_token})")
     if recipe.get("fp4") or (recipe.get("fp8") and recipe.get("fp8_recipe") != "tensorwise"):
         name = "fp4" if recipe.get("fp4") else f"fp8_recipe={recipe.get('fp8_recipe')!r}"
         raise RuntimeError(f"{name}: libgtp's TE path refuses this recipe in LayerNormLinear / GroupedLinear "

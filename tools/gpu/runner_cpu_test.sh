@@ -38,7 +38,7 @@ expect 2 "usage" bash "$runner" grid-profile 4
 # The dry run: what each step would run, aliases expanded, nothing staged or run.
 expect 0 "== mg_summary (limit 60 s" env GTP_RUNNER_DRY_RUN=1 bash "$runner" final multi_gpu peers h2h:100
 for needle in "== tests (limit 420 s, needs -)" "cuda_kernels_test" "compute-sanitizer --tool memcheck" \
-              "bench/peers/real_peers.sh" "== h2h (limit 100 s, needs mcore)" "head_to_head.py --json" \
+              "real_peers_failure_test" "== h2h (limit 100 s, needs mcore)" "head_to_head.py --json" \
               "multi_gpu_summary.py"; do
   grep -qF -- "$needle" "$tmp/out.txt" || fail "the dry run does not say '$needle': $(cat "$tmp/out.txt")"
 done

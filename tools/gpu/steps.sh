@@ -27,7 +27,7 @@ te_memcheck       420   te    compute-sanitizer memcheck over one TE case per la
 te_stack          300   te    bench/te/te_stack_bench.py: 8 x te.Linear(8192, 8192), G = 1: off, off control, inert, machinery (te_stack_bench.json); GTP_TE_BENCH_ARGS
 te_nvfp4          420   te    NVFP4: test_te.py -k nvfp4 (G = 1) and test_te_nvfp4_g2.py (G = 2, two GPUs)
 megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATRON_PARTS (default gpt moe ckpt fp8 recompute), megatron_bench.json
-peers             540   mcore bench/peers/real_peers.sh: G ranks on one GPU as real NCCL peers (GTP_PEERS_STEPS picks its steps)
+peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
 h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS)
 rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, tests, sanitizers, benches; GTP_RIG_STEPS=REGEX picks parts
 rig_stage         300   -     one_gpu_rig_test in fresh processes, copy-engine against kernel staging (rig_stage.json)
@@ -251,19 +251,49 @@ print("megatron_bench.json:", {k: v.get("ok") for k, v in parts.items()})
 PY
 }
 
-missing() {  # missing PATH: a step whose script is not in this tree (exit 127: "missing" in the results)
-  echo "$1 is not in this tree (it is written in main: merge it, then stage again)" >&2
-  exit 127
+# Real NCCL peers on ONE GPU (docs/real-peers.md): every G > 1 device path with G processes that are
+# real NCCL ranks sharing the GPU (gtp-launch --share-gpu / gtp.shared_gpu), and libgtp against
+# Megatron-Core's own GTP. Correctness and counts only: the ranks are time-sliced and talk over
+# loopback sockets, so no timing here means anything. GTP_PEERS_STEPS=REGEX runs only the parts whose
+# names match (h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 h2h_g4_ring train_g4
+# memcheck runtime_g8, in that order).
+peers_part() {  # peers_part NAME LIMIT COMMAND...
+  if [ -n "${GTP_PEERS_STEPS:-}" ] && ! [[ $1 =~ $GTP_PEERS_STEPS ]]; then return; fi
+  part "$@"
 }
 
 step_peers() {
-  [ -f bench/peers/real_peers.sh ] || missing bench/peers/real_peers.sh
-  part real_peers - bash bench/peers/real_peers.sh
-  tail -n 40 "$OUT_DIR/real_peers.log"
+  VERDICT="$VERDICT|^(gpt|fused) rank|^\[ +(OK|FAILED|PASSED|SKIPPED) +\]|rank [0-9]+: .*status=|parity_ok|G = "
+  local h2h=(python3 bench/megatron/head_to_head.py --steps 8 --commit "${GTP_COMMIT:-unknown}")
+  local train=(python3 bindings/python/examples/train_gpt.py --backend cuda --share-gpu --steps 20
+               --wires bf16,fp8,mxfp8,nvfp4)
+  peers_part h2h_g2 420 "${h2h[@]}" --world 2 --variants gpt,fused --json "$OUT_DIR/h2h_g2.json"
+  peers_part runtime_g2 400 env GTP_REAL_PEERS_SIZES=2 "$BIN/real_peers_runtime_test" "$BIN/gtp-launch" \
+    "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g2.gtest.json"
+  # Killed and stopped peers, ranks that disagree (tests/real_peers:real_peers_failure_test).
+  peers_part failure 300 "$BIN/real_peers_failure_test" "$BIN/gtp-launch" "$BIN/failure_worker" \
+    --gtest_output="json:$OUT_DIR/failure.gtest.json"
+  # The divergence scenario alone, every rank's lines in its log.
+  peers_part diverge 120 env NCCL_DEBUG=WARN "$BIN/gtp-launch" --share-gpu -n 2 --timeout 100 -- \
+    "$BIN/failure_worker" diverge
+  peers_part te 400 python3 -m pytest -q -p no:cacheprovider -s bindings/python/tests/test_real_peers_te.py \
+    --junitxml="$OUT_DIR/te.junit.xml"
+  peers_part train_g2 300 "${train[@]}" --ranks 2 --json "$OUT_DIR/train_gpt_shared_g2.json"
+  peers_part runtime_g4 400 env GTP_REAL_PEERS_SIZES=4 "$BIN/real_peers_runtime_test" "$BIN/gtp-launch" \
+    "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g4.gtest.json"
+  peers_part h2h_g4 420 "${h2h[@]}" --world 4 --variants gpt,fused --json "$OUT_DIR/h2h_g4.json"
+  # The summation-order question: both implementations on NCCL's ring algorithm.
+  peers_part h2h_g4_ring 300 env NCCL_ALGO=Ring "${h2h[@]}" --world 4 --variants gpt --json "$OUT_DIR/h2h_g4_ring.json"
+  peers_part train_g4 300 "${train[@]}" --ranks 4 --json "$OUT_DIR/train_gpt_shared_g4.json"
+  # API errors not reported: NCCL probes kernels without an sm_90 image (cudaFuncGetAttributes).
+  peers_part memcheck 400 "$BIN/gtp-launch" --share-gpu -n 2 --timeout 380 -- compute-sanitizer --tool memcheck \
+    --report-api-errors no --error-exitcode 9 "$BIN/runtime_worker" \
+    --gtest_filter=RealPeersRuntime.KeepGatheredMatchesTheHostBackend
+  peers_part runtime_g8 400 env GTP_REAL_PEERS_SIZES=8 "$BIN/real_peers_runtime_test" "$BIN/gtp-launch" \
+    "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g8.gtest.json"
 }
 
 step_h2h() {
-  [ -f bench/megatron/head_to_head.py ] || missing bench/megatron/head_to_head.py
   # shellcheck disable=SC2086  # GTP_H2H_ARGS is a list of arguments
   part head_to_head - python3 bench/megatron/head_to_head.py --json "$OUT_DIR/head_to_head.json" \
     --commit "${GTP_COMMIT:-unknown}" ${GTP_H2H_ARGS:---world 2 --variants gpt,fused}

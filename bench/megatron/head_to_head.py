@@ -22,10 +22,10 @@ import sys
 import tempfile
 import time
 import traceback
-from functools import partial
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
 from gtp import shared_gpu  # noqa: E402
+from megatron_bench import forward_step  # noqa: E402  (beside this file; the schedule's forward step)
 
 SEQ, MICRO, MICROBATCHES, VOCAB, LAYERS, HIDDEN = 256, 2, 2, 4096, 2, 512
 IMPLS = ("off", "megatron", "libgtp")
@@ -56,19 +56,6 @@ def batch(step, rank, mb):
     g = torch.Generator().manual_seed(100000 * step + 1000 * rank + mb)
     tokens = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
     return {"tokens": tokens[:, :-1].cuda(), "labels": tokens[:, 1:].cuda()}
-
-
-def forward_step(data_iterator, model):
-    import torch
-    data = next(data_iterator)
-    position_ids = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MICRO, -1)
-    mask = torch.ones(1, 1, SEQ, SEQ, device="cuda", dtype=torch.bool).triu(1)
-    output = model(data["tokens"], position_ids, mask, labels=data["labels"])
-
-    def loss_func(output_tensor):
-        loss = output_tensor.float().mean()
-        return loss, {"lm loss": loss.detach().clone()}
-    return output, partial(loss_func)
 
 
 def init_parallel(tp, gtp):
@@ -289,6 +276,14 @@ def _entry(rank, world, store_dir, args, launch_id, log_dir, queue):
         queue.put((rank, False, traceback.format_exc()))
 
 
+def command_line():
+    """The command as run, with the results folder written as $OUT (the device's scratch path is no
+    part of the command a reader repeats)."""
+    line = " ".join(sys.argv)
+    out = os.environ.get("OUT")
+    return line.replace(out, "$OUT") if out else line
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--world", type=int, default=2, help="ranks, all on one GPU (default 2)")
@@ -324,7 +319,7 @@ def main():
         return 1
     report = {"what": "libgtp vs Megatron-Core's own GTP vs GTP off, real NCCL peers on one GPU",
               "world": args.world, "tp": args.tp, "gtp": args.world // args.tp, "steps": args.steps,
-              "commit": args.commit, "command": " ".join(sys.argv),
+              "commit": args.commit, "command": command_line(),
               "model": {"layers": LAYERS, "hidden": HIDDEN, "seq": SEQ, "micro": MICRO,
                         "microbatches": MICROBATCHES, "vocab": VOCAB},
               "variants": {v: [got[r][1][v] for r in range(args.world)] for v in args.variants}}

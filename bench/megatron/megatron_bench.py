@@ -118,9 +118,12 @@ def batch(index):
 
 
 def forward_step(data_iterator, model):
+    """Megatron's schedule's forward step for a batch from batch() (bench/megatron/head_to_head.py too):
+    causal LM loss, its mean over the microbatch's tokens."""
     data = next(data_iterator)
-    position_ids = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MICRO, -1)
-    mask = torch.ones(1, 1, SEQ, SEQ, device="cuda", dtype=torch.bool).triu(1)
+    micro, seq = data["tokens"].shape
+    position_ids = torch.arange(seq, device="cuda").unsqueeze(0).expand(micro, -1)
+    mask = torch.ones(1, 1, seq, seq, device="cuda", dtype=torch.bool).triu(1)
     output = model(data["tokens"], position_ids, mask, labels=data["labels"])
 
     def loss_func(output_tensor):

@@ -35,11 +35,11 @@ class Config:
     tp: int = 1
     ep: int = 1
     eg: int = 1                 # expert gtp_remat group
-    seq: int = 4096
-    mbs: int = 1
-    microbatches: int = 8
+    seq: int = inp.CONFIG_DEFAULTS["seq"]
+    mbs: int = inp.CONFIG_DEFAULTS["mbs"]
+    microbatches: int = inp.CONFIG_DEFAULTS["microbatches"]
     gpus: int = 128
-    libgtp_depth: int = 2
+    libgtp_depth: int = inp.CONFIG_DEFAULTS["libgtp_depth"]
     fill_tag: bool = True               # libgtp's 64-byte tag per fill (one more op in the fill's group)
     accumulate_microbatches: bool = False  # libgtp: one reduce-scatter per step instead of per microbatch
     megatron_rs_bytes: int = 4          # main_grad dtype of Megatron's reduce-scatter (4 FP32, 2 BF16)

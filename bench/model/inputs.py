@@ -118,6 +118,11 @@ def published_inputs():
     return {r.name: r for r in rows}
 
 
+# The defaults of gtp_cost_model.Config that are inputs of the model (listed in guessed_inputs with
+# their reasons): one value, read by both.
+CONFIG_DEFAULTS = {"seq": 4096, "mbs": 1, "microbatches": 8, "libgtp_depth": 2}
+
+
 def guessed_inputs():
     """Choices with no source. Each is a knob the first multi-GPU run should replace."""
     rows = [
@@ -133,11 +138,12 @@ def guessed_inputs():
               "(Megatron overlaps buckets with the backward and the next forward; same for both systems)"),
         Input("dp_bucket_params", 40e6, "params", "published",
               "Megatron DDP bucket size max(40M, 1M x dp) (perf-anchors.md 4.3 [S87]); 40M taken"),
-        Input("seq_len", 4096, "tokens", "guess", "sequence length of every configuration"),
-        Input("micro_batch", 1, "sequences", "published",
+        Input("seq_len", CONFIG_DEFAULTS["seq"], "tokens", "guess", "sequence length of every configuration"),
+        Input("micro_batch", CONFIG_DEFAULTS["mbs"], "sequences", "published",
               "mbs 1, as NVIDIA's GTP weak-scaling run (gtp-anatomy.md 10.2)"),
-        Input("microbatches", 8, "per step", "guess", "gradient-accumulation microbatches per step"),
-        Input("libgtp_depth", 2, "weights", "guess",
+        Input("microbatches", CONFIG_DEFAULTS["microbatches"], "per step", "guess",
+              "gradient-accumulation microbatches per step"),
+        Input("libgtp_depth", CONFIG_DEFAULTS["libgtp_depth"], "weights", "guess",
               "libgtp prefetch depth (the depth of the overlap headline, performance.md)"),
         Input("h100_kernel_scale", 4.8 / 3.35, "x", "derived",
               "kernels measured on the H200 are memory-bound: their time scales by HBM 4.8 / 3.35 TB/s on "

@@ -542,6 +542,7 @@ TEST_P(TwoRanks, GatheringDifferentWeightsGivesNaNAndAnErrorAtTheNextCall) {
     CudaBackend backend(rank, {CudaGroup{&world, &rs}}, timeout);
     RuntimeConfig config;
     config.depth = 0;
+    config.check_every_fill = true;  // the fill's own check, before the unpack
     Runtime runtime(backend, config);
     std::vector<void*> shards;
     std::vector<WeightId> ids;

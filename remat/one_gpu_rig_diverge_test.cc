@@ -84,6 +84,7 @@ Seen run_rank(Backend& backend, testing::PinnedStage* stage, cudaStream_t stream
   RuntimeConfig config;
   config.depth = 0;  // no prefetch: each materialize is one on-demand fill, and a release issues nothing
   config.fill_graphs = s.fill_graphs;
+  config.check_every_fill = true;  // each fill checked before it is unpacked: what these cases test
   Runtime runtime(backend, config);
   const auto geometry = kernels::weight_geometry(s.wire.format, kRows, kCols, s.ranks);
   const std::int64_t valid = geometry.valid_rows(rank), first = rank * geometry.shard_rows;

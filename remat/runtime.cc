@@ -78,10 +78,16 @@ Runtime::Runtime(Backend& backend, RuntimeConfig config)
     fill_graphs_.push_back(std::make_unique<FillGraphs>(backend_, backend_.supports_graphs() ? group.fill_graphs : 0));
   }
   fill_tag_check_ = [this](int group, const FillTag* tags, int count, const char* when) {
-    // The trace's fill categories, in words.
-    const std::string why = std::string(fill_why_) == "exposed" ? "on demand" : fill_why_;
+    if (!config_.check_every_fill) {
+      std::string why = "the step's check at drain, over every gather since the previous one";
+      if (when != nullptr) why += std::string("; ") + when;
+      return check_fill_tags(group, tags, count, why.c_str());
+    }
+    const std::string why = std::string(fill_why_) == "exposed" ? "on demand" : fill_why_;  // the trace's words
     check_fill_tags(group, tags, count, when != nullptr ? when : why.c_str());
   };
+  step_tags_.resize(groups_.size());
+  group_gathered_.resize(groups_.size(), 0);
   graphs_relocations_.resize(groups_.size());
   group_stats_.resize(groups_.size());
   by_group_.resize(groups_.size());

@@ -84,6 +84,11 @@ struct RuntimeConfig {
   std::vector<GroupConfig> groups;  // empty, or one entry per backend group
   GradsConfig grads;
   std::size_t trace_spans = 0;  // spans kept for chrome_trace(); 0: no trace
+  // Ranks that disagree (docs/reliability.md): false checks every group of G > 1 once per step, at
+  // drain, over every gather since the previous check (one 64-byte tag collective per group and step;
+  // a fill is its data's collectives alone). true checks each fill before it is unpacked (a tag
+  // collective beside every fill's): the debugging setting, which poisons the diverging fill's output.
+  bool check_every_fill = false;
 };
 inline constexpr int kMaxDepth = 64;
 
@@ -116,6 +121,7 @@ struct GroupStats {
   std::int64_t fill_graphs = 0;       // graphs held now (at most config.fill_graphs)
   std::int64_t graph_recordings = 0;  // fills recorded into a new graph
   std::int64_t graph_fills = 0;       // fills run as a graph launch (recordings included)
+  std::int64_t tag_checks = 0;        // divergence checks issued: one per fill, or one per drain
   CacheStats cache;
 };
 
@@ -222,6 +228,15 @@ class Runtime {
   // DivergenceError naming the differing ranks, their weights and `fill_why_`.
   FillTag fill_tag(const Fill* fills, std::size_t n) const;
   void check_fill_tags(int group, const FillTag* tags, int count, const char* when) const;
+  // What a group gathered since its last check (check_every_fill false): a running FillTag over
+  // every weight of every fill, in order.
+  struct StepTag {
+    Fingerprint weights, versions;
+    FillTag tag;
+  };
+  void add_to_tag(const Fill* fills, std::size_t n, StepTag& into) const;
+  // drain's check (check_every_fill false): per group of G > 1, one tag collective over its StepTag.
+  void check_step();
   void refill(int chain);
   // Per group g, prefetches the next depth_g entries of group g in the recorded step schedule.
   void refill_schedule();
@@ -284,6 +299,10 @@ class Runtime {
   std::vector<kernels::UnpackJob> unpack_jobs_scratch_;
   Backend::FillTagCheck fill_tag_check_;  // calls check_fill_tags; lives as long as the fill graphs
   const char* fill_why_ = "";             // the fill in progress: "exposed" or "prefetch"
+  std::vector<StepTag> step_tags_;        // per group, while check_every_fill is false
+  // Per group: it has gathered since the runtime began, so every drain checks it. Rank-uniform unless
+  // the ranks already diverged in a way that hangs: a fill in a group that a peer never fills.
+  std::vector<char> group_gathered_;
 };
 
 }  // namespace gtp::remat

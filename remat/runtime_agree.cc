@@ -27,9 +27,8 @@ std::string ranks_text(const std::vector<int>& ranks) {
 
 }  // namespace
 
-FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
-  Fingerprint weights, versions;
-  FillTag tag;
+void Runtime::add_to_tag(const Fill* fills, std::size_t n, StepTag& into) const {
+  FillTag& tag = into.tag;
   for (std::size_t f = 0; f < n; ++f) {
     for (WeightId id : *fills[f].key) {
       const Weight& w = registry_.get(id);
@@ -46,13 +45,32 @@ FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
         tag.first_version = static_cast<std::uint32_t>(w.version);
         w.desc.name.copy(tag.first_name, sizeof tag.first_name - 1);
       }
-      weights.add(w.tag);
-      versions.add(w.version);
+      into.weights.add(w.tag);
+      into.versions.add(w.version);
     }
   }
-  tag.weights = weights.value();
-  tag.versions = versions.value();
-  return tag;
+  tag.weights = into.weights.value();
+  tag.versions = into.versions.value();
+}
+
+FillTag Runtime::fill_tag(const Fill* fills, std::size_t n) const {
+  StepTag one;
+  add_to_tag(fills, n, one);
+  return one.tag;
+}
+
+void Runtime::check_step() {
+  for (int g = 0; g < backend_.group_count(); ++g) {
+    // Every group of G > 1 that ever gathered, on every drain, gathers this step or not: whether a rank
+    // gathered this step is what may differ. A group that never gathered costs nothing.
+    if (backend_.group_size(g) == 1 || !group_gathered_[g]) continue;
+    // On the group's gather stream, after its fills (nothing of the caller's stream is read).
+    Backend::CollectiveBatch batch(backend_);
+    backend_.check_fill_tags(backend_.side_stream(g, Role::kGather), g, step_tags_[g].tag, &fill_tag_check_);
+    batch.launch();
+    step_tags_[g] = StepTag();
+    ++group_stats_[g].tag_checks;
+  }
 }
 
 // Every rank sees the same G tags, so every rank writes the same message: the ranks grouped by the tag
@@ -102,10 +120,13 @@ void Runtime::check_fill_tags(int group, const FillTag* tags, int count, const c
                        "makes the same materialize / release / drain calls with the same settings)"
                      : "the same weights at different shard versions: gtp_weights_shard_updated was not called on "
                        "every rank of the group the same number of times";
+  const std::string consequence =
+      config_.check_every_fill
+          ? "Nothing was unpacked (CUDA: the fill's outputs were set to NaN)"
+          : "The step's gathers were used as they came (check_every_fill checks each gather before it is unpacked)";
   throw DivergenceError("ranks of group '" + groups_[group].name + "' diverged at a gather (" + when + ", this is rank " +
-                        std::to_string(backend_.group_rank(group)) + "): " + parts + ". Cause: " + cause +
-                        ". Nothing was unpacked (CUDA: the fill's outputs were set to NaN); destroy the context "
-                        "(docs/reliability.md, Ranks that disagree)");
+                        std::to_string(backend_.group_rank(group)) + "): " + parts + ". Cause: " + cause + ". " +
+                        consequence + "; destroy the context (docs/reliability.md, Ranks that disagree)");
 }
 
 }  // namespace gtp::remat

@@ -72,6 +72,14 @@ void Runtime::fill_many(const Fill* fills, std::size_t n, const char* why) {
     graphs_relocations_[group] = cache.relocations();
   }
   fill_why_ = why;
+  if (backend_.group_size(group) > 1) {
+    if (config_.check_every_fill) {
+      ++group_stats_[group].tag_checks;  // enqueue_fill checks this fill (a graph launch replays it)
+    } else {
+      add_to_tag(fills, n, step_tags_[group]);  // checked at drain (check_step)
+      group_gathered_[group] = 1;
+    }
+  }
   if (!graphs.enabled() || backend_.capturing(stream)) {  // a captured step records the work itself
     enqueue_fill(fills, n, stream);
   } else {
@@ -106,10 +114,10 @@ void Runtime::enqueue_fill(const Fill* fills, std::size_t n, Stream stream) {
   // nothing else may sit between them on the stream, because a batch launches at its end.
   {
     Backend::CollectiveBatch batch(backend_);
-    // First in the batch: every rank's list of what it gathers here, checked before any of it can be
-    // unpacked (on one rank there is nothing to compare).
+    // check_every_fill: first in the batch, every rank's list of what it gathers here, checked before
+    // any of it can be unpacked (on one rank there is nothing to compare). Otherwise drain checks.
     const int group = group_of(*fills[0].key);
-    if (backend_.group_size(group) > 1) {
+    if (config_.check_every_fill && backend_.group_size(group) > 1) {
       backend_.check_fill_tags(stream, group, fill_tag(fills, n), &fill_tag_check_);
     }
     for (std::size_t f = 0; f < n; ++f) {

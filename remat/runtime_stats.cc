@@ -80,7 +80,7 @@ std::string Runtime::stats_json() const {
                       {"fill_graphs_limit", group.config.fill_graphs}, {"fill_graphs", group.fill_graphs},
                       {"grads_into_main_grad", group.config.grads_into_main_grad},
                       {"graph_recordings", group.graph_recordings}, {"graph_fills", group.graph_fills},
-                      {"kept_hits", group.kept_hits}, {"shared_hits", group.shared_hits},
+                      {"tag_checks", group.tag_checks}, {"kept_hits", group.kept_hits}, {"shared_hits", group.shared_hits},
                       {"budget_bytes", group.config.budget_bytes}, {"slots", group.cache.slots},
                       {"slot_bytes", group.cache.slot_bytes}, {"peak_bytes", group.cache.peak_bytes},
                       {"budget_waits", group.cache.budget_waits}, {"evictions", group.cache.evictions},

@@ -50,6 +50,8 @@ void Runtime::drain(Stream stream, Head head) {
   }
   join_capture(stream);
   grads_.drain(stream);
+  // Before the next step's head is gathered: that belongs to the next check.
+  if (!config_.check_every_fill) check_step();
   for (Chain& chain : chains_) chain.end_step();
   if (schedule_rerecord_) {
     clear_schedule();

@@ -1,8 +1,9 @@
 // What the fill-tag check (docs/reliability.md, "Ranks that disagree") costs the host backend at
 // G = 2: two thread ranks over the C ABI, tiny BF16 weights, a fixed number of steps (both ranks must
 // make the same calls, so no adaptive iteration counts), materialize + release per call, a drain per
-// step. Prints per configuration rank 0's wall and CPU time per weight; compare builds with and
-// without the check. At G = 1 the check is skipped (c_abi_overhead_bench measures that case).
+// step. Prints per configuration rank 0's wall and CPU time per weight, checking once per step at
+// drain (the default) and at every fill (check_every_fill). At G = 1 nothing is checked
+// (c_abi_overhead_bench measures that case).
 //   bazel run -c opt //bench/remat:fill_tag_overhead_bench
 #include <time.h>
 
@@ -61,7 +62,7 @@ constexpr int kCallsPerStep = 8, kWarmSteps = 3, kSteps = 200;
 constexpr int64_t kRows = 32, kCols = 64;  // 16 rows per rank
 
 // Rank 0's (wall, cpu) microseconds per weight.
-std::pair<double, double> run(int per_call, int depth) {
+std::pair<double, double> run(int per_call, int depth, bool every_fill) {
   std::pair<double, double> result;
   auto group = gtp::comm::ThreadBootstrap::create_group(2, std::chrono::milliseconds(60000));
   gtp::comm::internal::rethrow_first(gtp::comm::internal::run_ranks(2, [&](int rank) {
@@ -69,6 +70,7 @@ std::pair<double, double> run(int per_call, int depth) {
     gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
     config.callbacks = &callbacks;
     config.prefetch_depth = depth;
+    config.check_every_fill = every_fill ? 1 : 0;
     gtp_context_t* ctx = nullptr;
     ok(gtp_context_create(&config, &ctx), nullptr, "gtp_context_create");
     const std::vector<uint16_t> shard(kRows / 2 * kCols, 0x3F80);
@@ -113,10 +115,12 @@ std::pair<double, double> run(int per_call, int depth) {
 int main() {
   for (int per_call : {1, 8}) {
     for (int depth : {0, 1, 2}) {
-      const auto [wall, cpu] = run(per_call, depth);
-      std::printf("{\"G\": 2, \"weights_per_call\": %d, \"depth\": %d, \"wall_us_per_weight\": %.2f, "
-                  "\"cpu_us_per_weight\": %.2f}\n",
-                  per_call, depth, wall, cpu);
+      for (bool every_fill : {false, true}) {
+        const auto [wall, cpu] = run(per_call, depth, every_fill);
+        std::printf("{\"G\": 2, \"weights_per_call\": %d, \"depth\": %d, \"check_every_fill\": %s, "
+                    "\"wall_us_per_weight\": %.2f, \"cpu_us_per_weight\": %.2f}\n",
+                    per_call, depth, every_fill ? "true" : "false", wall, cpu);
+      }
     }
   }
   return 0;

@@ -112,6 +112,7 @@ RankResult run_rank(CudaBackend& backend, cudaStream_t stream, const Config& c, 
     gtp::remat::RuntimeConfig config;
     config.depth = 0;
     config.fill_graphs = c.kind == "fill_graph" ? 1024 : 0;
+    config.check_every_fill = true;  // the per-fill check is what this measures
     gtp::remat::Runtime runtime(backend, config);
     const auto geometry = gtp::kernels::weight_geometry(c.wire, kRows, kCols, backend.group_size(0));
     const std::int64_t shard_bytes = std::max<std::int64_t>(geometry.valid_rows(backend.group_rank(0)), 1) * kCols * 2;

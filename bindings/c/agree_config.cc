@@ -94,6 +94,7 @@ std::vector<AgreedSetting> context_settings(int backend, bool accumulate_microba
       {"expt_gtp_remat", s.expt_gtp_remat, {}},
       {"accumulate_microbatches", accumulate_microbatches ? 1 : 0, {}},
       {"sum_grads", runtime.grads.sum ? 1 : 0, {}},
+      {"check_every_fill", runtime.check_every_fill ? 1 : 0, {}},
   };
   const std::vector<std::string> formats = {"bf16", "fp8", "mxfp8", "nvfp4"};
   for (std::size_t g = 0; g < runtime.groups.size(); ++g) {

@@ -226,7 +226,7 @@ void build_cuda(gtp_context& ctx, int device, const gtp::topology::Profile& prof
 void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   require(config != nullptr, "config is NULL; pass a gtp_context_config_t from GTP_CONTEXT_CONFIG_INITIALIZER");
   require(out != nullptr, "out is NULL");
-  // The 0.7.0 layout ends before call_timeout_ms, the 0.7.1 one before sum_grads: still accepted,
+  // The 0.7.0 layout ends before call_timeout_ms, the 0.7.1 one before sum_grads (and check_every_fill): still accepted,
   // with the fields they lack taken as 0.
   constexpr size_t kSize070 = offsetof(gtp_context_config_t, call_timeout_ms);
   constexpr size_t kSize071 = offsetof(gtp_context_config_t, sum_grads);
@@ -235,6 +235,7 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   }
   const std::int64_t call_timeout_ms = config->struct_size == kSize070 ? 0 : config->call_timeout_ms;
   const bool sum_grads = config->struct_size == sizeof(gtp_context_config_t) && config->sum_grads != 0;
+  const bool check_every_fill = config->struct_size == sizeof(gtp_context_config_t) && config->check_every_fill != 0;
   const std::uint32_t major = config->header_version / 10000, minor = config->header_version / 100 % 100;
   if (major != GTP_VERSION_MAJOR || minor != GTP_VERSION_MINOR) {
     throw StatusError(GTP_ERROR_VERSION, "the caller was compiled against gtp.h " + std::to_string(major) + "." +
@@ -283,6 +284,7 @@ void create_context(const gtp_context_config_t* config, gtp_context_t** out) {
   }
   runtime.grads.accumulate_microbatches = config->accumulate_microbatches != 0;
   runtime.grads.sum = sum_grads;
+  runtime.check_every_fill = check_every_fill;
   require(config->trace_spans <= kMaxTraceSpans, "trace_spans is " + std::to_string(config->trace_spans) +
                                                       "; give 0 (no trace) .. " + std::to_string(kMaxTraceSpans));
   runtime.trace_spans = config->trace_spans;

@@ -1,6 +1,7 @@
 // Ranks that disagree (issue 21), on the host backend with thread ranks over the C ABI: each case used
 // to succeed on every rank with wrong data (or time out); now every rank fails with
-// GTP_ERROR_DIVERGED and one message naming the setting or weight, the call and the differing ranks.
+// GTP_ERROR_DIVERGED and one message naming the setting or weight, the call and the differing ranks:
+// at the gather itself with check_every_fill, at the step's drain without (the default).
 // docs/reliability.md, "Ranks that disagree".
 #include "gtp/gtp.h"
 
@@ -46,6 +47,16 @@ gtp_status_t materialize(gtp_context_t* ctx, gtp_weight_t w, void** ptr) {
   return gtp_materialize(ctx, &w, 1, GTP_PHASE_FORWARD, 0, GTP_LAYOUT_BF16, ptr, 1, &count, nullptr);
 }
 
+// A context that checks every gather before it is unpacked (check_every_fill), EXPECTing success.
+gtp_context_t* create_checking_every_fill(const gtp_bootstrap_callbacks_t& callbacks) {
+  gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.callbacks = &callbacks;
+  config.check_every_fill = 1;
+  gtp_context_t* ctx = nullptr;
+  EXPECT_EQ(gtp_context_create(&config, &ctx), GTP_SUCCESS) << gtp_last_error(nullptr);
+  return ctx;
+}
+
 // Each rank's message, for checks that need every rank's.
 struct Messages {
   std::vector<std::string> text;
@@ -84,7 +95,7 @@ class RegisterOrder : public testing::TestWithParam<gtp_wire_t> {};
 TEST_P(RegisterOrder, IsDetectedAtTheFirstGatherOnEveryRank) {
   Messages messages(2);
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    gtp_context_t* ctx = create_checking_every_fill(callbacks);
     const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
     gtp_weight_t w0{}, w1{};
     if (rank == 1) {
@@ -118,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Wires, RegisterOrder, testing::Values(GTP_WIRE_BF16, GT
 TEST(Diverge, RanksMaterializingDifferentWeightsFailTogether) {
   Messages messages(2);
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    gtp_context_t* ctx = create_checking_every_fill(callbacks);
     const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
     const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16), register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
     ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
@@ -147,7 +158,7 @@ TEST(Diverge, RanksMaterializingDifferentWeightsFailTogether) {
 TEST(Diverge, TheOddRankOutIsNamedOnEveryRank) {
   Messages messages(3);
   on_ranks(3, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    gtp_context_t* ctx = create_checking_every_fill(callbacks);
     const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
     const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16), register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
     ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
@@ -168,7 +179,7 @@ TEST(Diverge, TheOddRankOutIsNamedOnEveryRank) {
 TEST(Diverge, AWeightRegisteredWithAnotherWireIsNamed) {
   Messages messages(2);
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    gtp_context_t* ctx = create_checking_every_fill(callbacks);
     const std::vector<uint16_t> shard(32 * 32, 0x3f80);
     gtp_weight_desc_t desc = GTP_WEIGHT_DESC_INITIALIZER;
     desc.name = "w0";
@@ -195,7 +206,7 @@ TEST(Diverge, AWeightRegisteredWithAnotherWireIsNamed) {
 TEST(Diverge, AShardUpdateMissingOnOneRankIsNamed) {
   Messages messages(2);
   on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
-    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    gtp_context_t* ctx = create_checking_every_fill(callbacks);
     const std::vector<uint16_t> s0 = shard_of(0, rank);
     const gtp_weight_t w0 = register_weight(ctx, "w0", s0, GTP_WIRE_BF16);
     ASSERT_EQ(gtp_weights_shard_updated(ctx, &w0, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
@@ -212,6 +223,94 @@ TEST(Diverge, AShardUpdateMissingOnOneRankIsNamed) {
                            "rank 1 gathers 'w0' (registration #0 of the group on that rank, shard version 1)",
                            "gtp_weights_shard_updated was not called on every rank"});
   }
+}
+
+// The default check, once per step at drain: ranks materializing different weights (same shapes)
+// succeed until the drain, which fails on every rank naming both weights and the step's check.
+class StepCheck : public testing::TestWithParam<gtp_wire_t> {};
+
+TEST_P(StepCheck, RanksMaterializingDifferentWeightsFailTogetherAtDrain) {
+  Messages messages(2);
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
+    const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GetParam()), register_weight(ctx, "w1", s1, GetParam())};
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptr = nullptr;
+    ASSERT_EQ(materialize(ctx, ws[rank], &ptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_release(ctx, &ws[rank], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_drain(ctx, nullptr), GTP_ERROR_DIVERGED) << gtp_last_error(ctx);
+    messages.text[rank] = gtp_last_error(ctx);
+    EXPECT_EQ(materialize(ctx, ws[0], &ptr), GTP_ERROR_INVALID_STATE);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  EXPECT_EQ(messages.text[0].substr(messages.text[0].find("): ")), messages.text[1].substr(messages.text[1].find("): ")))
+      << "every rank describes the ranks alike";
+  for (const std::string& text : messages.text) {
+    expect_contains(text, {"gtp_drain: ranks of group 'gtp_remat' diverged at a gather (the step's check at drain",
+                           "rank 0 gathers 'w0' (registration #0", "rank 1 gathers 'w1' (registration #1",
+                           "named different weights", "The step's gathers were used as they came"});
+  }
+}
+
+// A shard update missing on one rank: the same weights at other versions, named at the drain.
+TEST_P(StepCheck, AShardUpdateMissingOnOneRankIsNamedAtDrain) {
+  Messages messages(2);
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> s0 = shard_of(0, rank);
+    const gtp_weight_t w0 = register_weight(ctx, "w0", s0, GetParam());
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, &w0, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    if (rank == 0 && GetParam() == GTP_WIRE_BF16) {  // FP8 reduces an amax at its update: both ranks must call it
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, &w0, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    }
+    void* ptr = nullptr;
+    ASSERT_EQ(materialize(ctx, w0, &ptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_release(ctx, &w0, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_drain(ctx, nullptr), GetParam() == GTP_WIRE_BF16 ? GTP_ERROR_DIVERGED : GTP_SUCCESS)
+        << gtp_last_error(ctx);
+    messages.text[rank] = gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  if (GetParam() != GTP_WIRE_BF16) return;  // the control: the same calls on every rank pass the check
+  for (const std::string& text : messages.text) {
+    expect_contains(text, {"rank 0 gathers 'w0' (registration #0 of the group on that rank, shard version 2)",
+                           "rank 1 gathers 'w0' (registration #0 of the group on that rank, shard version 1)",
+                           "gtp_weights_shard_updated was not called on every rank"});
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Wires, StepCheck, testing::Values(GTP_WIRE_BF16, GTP_WIRE_FP8));
+
+// What the check costs in collectives: by default one tag exchange per group of G > 1 and drain, and
+// none at a gather; with check_every_fill one per fill. The data is the same either way.
+TEST(Diverge, TheStepCheckIsOneTagCollectivePerDrainAndNonePerGather) {
+  on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    for (const bool every_fill : {false, true}) {
+      gtp_context_t* ctx = every_fill ? create_checking_every_fill(callbacks) : gtp::cabi_test::create(callbacks);
+      const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
+      const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16),
+                                  register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
+      ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      constexpr int kSteps = 3;
+      for (int step = 0; step < kSteps; ++step) {
+        for (int k = 0; k < 2; ++k) {
+          void* ptr = nullptr;
+          ASSERT_EQ(materialize(ctx, ws[k], &ptr), GTP_SUCCESS) << gtp_last_error(ctx);
+          const std::vector<uint16_t> want = shard_of(k, 1);  // rank 1's rows follow rank 0's
+          ASSERT_EQ(static_cast<const uint16_t*>(ptr)[want.size()], want[0]) << "w" << k << " step " << step;
+          ASSERT_EQ(gtp_release(ctx, &ws[k], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+        }
+        ASSERT_EQ(gtp_drain(ctx, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+      }
+      const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
+      const nlohmann::json& dense = stats.at("groups")[0];  // gtp_remat, G = 2
+      const int64_t fills = dense.at("exposed_gathers").get<int64_t>() + dense.at("prefetch_batches").get<int64_t>();
+      EXPECT_GT(fills, kSteps) << "as many gathers as drains: the counts below would prove nothing: " << stats;
+      EXPECT_EQ(dense.at("tag_checks").get<int64_t>(), every_fill ? fills : kSteps) << stats;
+      EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+    }
+  });
 }
 
 // Per-rank prefetch_depth 0 / 1 / 2 over 3 ranks: rank 0 used to get 11 of 18 materializations wrong

@@ -9,8 +9,11 @@
 //   peer-stopped  the last rank is stopped (SIGSTOP) at step 3 for 4 call timeouts, then continued:
 //                 the live ranks must fail by the watchdog within the call timeout (the hang case:
 //                 nothing closes a socket), the stopped one when it resumes; every rank destroys.
-//   diverge       rank 1 gathers w1 where every other rank gathers w0 (same shape): every rank's
-//                 next call fails with GTP_ERROR_DIVERGED naming both weights.
+//   diverge       rank 1 gathers w1 where every other rank gathers w0 (same shape), in a step that
+//                 ends with a drain: the step's check (the default) finds it on the device, and
+//                 every rank's next call fails with GTP_ERROR_DIVERGED naming both weights.
+//   diverge-every-fill  the same with check_every_fill: the diverging gather's own check finds it
+//                 (before the drain) and the same next call fails the same way.
 // Without a GPU it prints that it skips, and why.
 #include <cuda_runtime_api.h>
 #include <signal.h>
@@ -65,8 +68,9 @@ gtp_status_t add_weight(gtp_context_t* ctx, Weight& weight, const char* name) {
   return gtp_weight_register(ctx, &desc, &weight.w);
 }
 
-gtp_context_t* create(Clock::time_point& start) {
+gtp_context_t* create(Clock::time_point& start, bool check_every_fill = false) {
   gtp_context_config_t config = GTP_CONTEXT_CONFIG_INITIALIZER;
+  config.check_every_fill = check_every_fill ? 1 : 0;
   config.bootstrap = GTP_BOOTSTRAP_UCX_FROM_ENV;
   config.backend = GTP_BACKEND_CUDA;
   config.timeout_ms = 120000;  // creation over loopback sockets, ranks time-sliced
@@ -158,9 +162,9 @@ void peer_fails(int world, bool kill_it) {
   cudaStreamDestroy(stream);
 }
 
-void diverge() {
+void diverge(bool check_every_fill) {
   Clock::time_point start;
-  gtp_context_t* ctx = create(start);
+  gtp_context_t* ctx = create(start, check_every_fill);
   if (ctx == nullptr) return;
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -194,8 +198,11 @@ int main(int argc, char** argv) {
   g_rank = rank != nullptr ? std::atoi(rank) : -1;
   const int world_size = world != nullptr ? std::atoi(world) : -1;
   const std::string scenario = argc > 1 ? argv[1] : "";
-  if (scenario != "peer-killed" && scenario != "peer-stopped" && scenario != "diverge") {
-    std::fprintf(stderr, "usage: failure_worker peer-killed | peer-stopped | diverge (under gtp-launch --share-gpu)\n");
+  if (scenario != "peer-killed" && scenario != "peer-stopped" && scenario != "diverge" &&
+      scenario != "diverge-every-fill") {
+    std::fprintf(stderr,
+                 "usage: failure_worker peer-killed | peer-stopped | diverge | diverge-every-fill (under gtp-launch "
+                 "--share-gpu)\n");
     return 2;
   }
   if (scenario == "peer-killed" && g_rank == world_size - 1) {
@@ -221,7 +228,7 @@ int main(int argc, char** argv) {
   if (scenario == "peer-killed" || scenario == "peer-stopped") {
     peer_fails(world_size, scenario == "peer-killed");
   } else {
-    diverge();
+    diverge(scenario == "diverge-every-fill");
   }
   std::printf("rank %d: done\n", g_rank);
   return 0;

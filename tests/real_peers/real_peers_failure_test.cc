@@ -85,17 +85,28 @@ TEST(RealPeersFailure, KilledPeerG4) { expect_live_ranks_fail_in_time(4, true); 
 TEST(RealPeersFailure, StoppedPeerG2) { expect_live_ranks_fail_in_time(2, false); }
 TEST(RealPeersFailure, StoppedPeerG4) { expect_live_ranks_fail_in_time(4, false); }
 
-TEST(RealPeersFailure, RanksGatheringDifferentWeightsAllRaiseDiverged) {
+// The step's check (default) and the per-fill one: either way every rank raises DIVERGED naming both
+// weights and the check that found it, and destroys cleanly.
+void expect_every_rank_diverged(const char* scenario, const char* found_by) {
   const int g = 2;
-  const std::string output = run(g, "diverge");
+  const std::string output = run(g, scenario);
   if (skipped(output, g)) GTEST_SKIP() << "no CUDA device: every rank skipped, as it must";
   for (int r = 0; r < g; ++r) {
     const Line after = find(output, r, "after the diverging step");
     EXPECT_EQ(after.status, "GTP_ERROR_DIVERGED") << output;
     EXPECT_NE(after.message.find("w0"), std::string::npos) << output;
     EXPECT_NE(after.message.find("w1"), std::string::npos) << output;
+    EXPECT_NE(after.message.find(found_by), std::string::npos) << output;
     EXPECT_EQ(find(output, r, "destroy").status, "GTP_SUCCESS") << output;
   }
+}
+
+TEST(RealPeersFailure, RanksGatheringDifferentWeightsAllRaiseDivergedAtTheStepCheck) {
+  expect_every_rank_diverged("diverge", "the step's check at drain");
+}
+
+TEST(RealPeersFailure, RanksGatheringDifferentWeightsAllRaiseDivergedWithCheckEveryFill) {
+  expect_every_rank_diverged("diverge-every-fill", "found on the device after the gather");
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ class gtp_context_config_t(ctypes.Structure):
                 ("trace_spans", ctypes.c_size_t), ("grad_ready", GRAD_READY_FN),
                 ("grad_ready_user_data", ctypes.c_void_p),
                 ("call_timeout_ms", ctypes.c_int64),  # appended after 0.7.0
-                ("sum_grads", ctypes.c_int32)]  # appended after 0.7.1
+                ("sum_grads", ctypes.c_int32),  # appended after 0.7.1
+                ("check_every_fill", ctypes.c_int32)]  # appended after 0.7.1
 
 
 class gtp_sizes_t(ctypes.Structure):

@@ -191,13 +191,16 @@ class Context:
     backend="cuda" runs on the CUDA device current when the context is created (torch.cuda.set_device).
     sum_grads=True reduce-scatters each weight gradient as the sum over its group instead of the mean
     (Megatron's calculate_per_token_loss); every rank must pass the same.
+    check_every_fill=True checks that the ranks of a group gather the same weights at every gather,
+    before it is unpacked (a small collective beside each); the default checks once per step, at
+    drain (docs/reliability.md, Ranks that disagree). Every rank must pass the same.
     Use it as a context manager, or call close() (collective) at the end.
     """
 
     def __init__(self, store=None, rank=None, world_size=None, *, backend="host", timeout_s=60.0,
                  profile_json=None, profile_path=None, prefetch_depth=None, memory_budget_bytes=None,
                  accumulate_microbatches=False, trace_spans=0, grad_ready=None, header_version=None,
-                 call_timeout_s=None, sum_grads=False):
+                 call_timeout_s=None, sum_grads=False, check_every_fill=False):
         self._lib = _lib.lib()
         self._handle = None
         self._weights = {}
@@ -240,6 +243,10 @@ class Context:
                             "calculate_per_token_loss) or False (means, the default)")
         config.sum_grads = 1 if sum_grads else 0
         self.sum_grads = sum_grads
+        if not isinstance(check_every_fill, bool):
+            raise TypeError(f"check_every_fill={check_every_fill!r}: pass True (check every gather, for debugging) "
+                            "or False (check once per step at drain, the default)")
+        config.check_every_fill = 1 if check_every_fill else 0
         config.trace_spans = _integer(trace_spans, "trace_spans", 0, UINT64_MAX)  # libgtp names its own limit
         # On the host backend always installed (kept alive here): it dispatches to self.grad_ready, which
         # may change later. On CUDA libgtp runs it on the driver's host-function thread, where entering

@@ -85,11 +85,19 @@ typedef struct {
    * GTP does under calculate_per_token_loss (the loss is divided by the token count of every data
    * rank elsewhere). Agreed at create: ranks that differ get GTP_ERROR_DIVERGED. */
   int32_t sum_grads;
+  /* Appended after 0.7.1 with sum_grads (0 where a 0.7.1 or 0.7.0 struct_size is given): ranks that
+   * disagree (docs/reliability.md). 0 checks each group of G > 1 once per step, at gtp_drain, over every
+   * gather since the previous check: one 64-byte collective per group and step, none per gather; a
+   * divergence fails the call after that drain on every rank (host backend: the drain itself) with
+   * GTP_ERROR_DIVERGED. Nonzero checks every gather before it is unpacked (a tag collective beside each
+   * gather, the debugging setting): the diverging gather's output is never the wrong weight. Agreed at
+   * create. */
+  int32_t check_every_fill;
 } gtp_context_config_t;
 
 #define GTP_CONTEXT_CONFIG_INITIALIZER \
   { sizeof(gtp_context_config_t), GTP_HEADER_VERSION, GTP_BOOTSTRAP_CALLBACKS, NULL, 60000, GTP_BACKEND_HOST, \
-    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL, 0, 0 }
+    NULL, NULL, GTP_FROM_PROFILE, GTP_FROM_PROFILE, 0, 0, NULL, NULL, 0, 0, 0 }
 
 /* Collective over the bootstrap's ranks. */
 gtp_status_t gtp_context_create(const gtp_context_config_t* config, gtp_context_t** out);

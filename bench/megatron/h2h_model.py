@@ -44,11 +44,13 @@ def _check_expert_groups(context):
     return members
 
 
-def build(variant, world, impl, seed):
-    """Model chunks (DDP-wrapped), optimizer, config and checks. Raises Refused where libgtp refuses:
-    an error raised from libgtp's Python package (gtp/) while the libgtp model is built."""
+def build(variant, world, impl, seed, reference=None):
+    """Model chunks (DDP-wrapped), optimizer, config, checks and the initial parameters (snapshot).
+    With `reference` (GTP off's initial snapshot), Megatron's GTP shards get its rows before the
+    optimizer copies them, and libgtp's are checked to hold them already. Raises Refused where libgtp
+    refuses: an error raised from libgtp's Python package (gtp/) while the libgtp model is built."""
     try:
-        return _build(variant, world, impl, seed)
+        return _build(variant, world, impl, seed, reference)
     except Refused:
         raise
     except Exception as error:
@@ -68,7 +70,7 @@ def _raised_by_gtp(error):
     return bool(frames) and f"{os.sep}gtp{os.sep}" in frames[-1].filename
 
 
-def _build(variant, world, impl, seed):
+def _build(variant, world, impl, seed, reference):
     import torch
     import gtp.megatron as gm
     from megatron.core import parallel_state as ps
@@ -121,6 +123,12 @@ def _build(variant, world, impl, seed):
         torch.cuda.current_stream().wait_stream(ddp_stream)
     if impl != "off":
         gtp_api.classify_gtp_remat_chains(model)
+    if reference is not None and impl == "megatron":  # its RNG tracker drew other values
+        checks["initial_rows_set_from_off"] = set_rows_from(model, reference)
+    initial = snapshot(model)
+    if reference is not None and impl == "libgtp":  # built full with GTP off's initialization: the same rows
+        d = h2h_compare.param_distances(initial, reference)
+        checks["libgtp_initial_rows_equal_off"] = len(d) == len(initial) and all(x == 0.0 for x in d.values())
     optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.01, bf16=True,
                                                        params_dtype=torch.bfloat16, use_distributed_optimizer=True,
                                                        clip_grad=1.0), model, use_gloo_process_groups=False)
@@ -130,7 +138,7 @@ def _build(variant, world, impl, seed):
     config.grad_scale_func = optimizer.scale_loss
     if impl == "libgtp":
         checks["libgtp_weights"] = sum(isinstance(p, gm.MegatronParameter) for m in model for p in m.parameters())
-    return model, optimizer, config, checks
+    return model, optimizer, config, checks, initial
 
 
 def held_rows(param):

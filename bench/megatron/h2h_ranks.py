@@ -26,20 +26,14 @@ def run_impl(variant, world, impl, steps, reference):
     import torch
     import h2h_model as hm
     start = time.time()
-    hm.init_parallel(h2h_plan.layout(variant, world, impl))
     try:
-        model, optimizer, config, checks = hm.build(variant, world, impl, seed=1234)
+        hm.init_parallel(h2h_plan.layout(variant, world, impl))
+        model, optimizer, config, checks, initial = hm.build(variant, world, impl, seed=1234, reference=reference)
     except hm.Refused as refusal:
         return {"error": str(refusal), "refused": True, "traceback": traceback.format_exc()}
     except Exception as error:  # noqa: BLE001 - reported; the ranks are still in step (before training)
         return {**_error(error, "build"), "in_training": False}
     try:
-        initial = hm.snapshot(model)
-        if impl == "megatron":
-            checks["initial_rows_set_from_off"] = hm.set_rows_from(model, reference)
-        elif impl == "libgtp":  # built full with GTP off's initialization, then sharded: the same rows
-            d = h2h_compare.param_distances(initial, reference)
-            checks["libgtp_initial_rows_equal_off"] = bool(d) and all(x == 0.0 for x in d.values())
         weights = sum(bool(getattr(p, "is_gtp_weight_remat", False)) for m in model for p in m.parameters())
         losses, norms, ops = hm.train(model, optimizer, config, variant, world, steps)
         result = {"losses": losses, "loss_hex": [x.hex() for x in losses], "grad_norms": norms, "ops": ops,
@@ -100,7 +94,7 @@ def ckpt_rank(rank, world, phase, folder, partial):
     if phase["role"] == "save":
         impl = phase["impl"]
         hm.init_parallel(h2h_plan.layout(variant, world, impl))
-        model, optimizer, config, _ = hm.build(variant, world, impl, seed=1234)
+        model, optimizer, config, _, _ = hm.build(variant, world, impl, seed=1234)
         before, _, _ = hm.train(model, optimizer, config, variant, world, h2h_plan.CKPT_TRAIN)
         hm.save(model, optimizer, path)
         after, norms, _ = hm.train(model, optimizer, config, variant, world, h2h_plan.CKPT_CONTINUE,
@@ -112,7 +106,7 @@ def ckpt_rank(rank, world, phase, folder, partial):
     for impl in phase["impls"]:
         try:
             hm.init_parallel(h2h_plan.layout(variant, world, impl))
-            model, optimizer, config, _ = hm.build(variant, world, impl, seed=999)  # other weights until loaded
+            model, optimizer, config, _, _ = hm.build(variant, world, impl, seed=999)  # other weights until loaded
             hm.load(model, optimizer, path)
             loaded[impl] = hm.snapshot(model)
             losses, norms, _ = hm.train(model, optimizer, config, variant, world, h2h_plan.CKPT_CONTINUE,

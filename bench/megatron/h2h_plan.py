@@ -152,3 +152,13 @@ def checkpoint_plan():
 
 
 CKPT_VARIANT = "gpt"  # the model the checkpoint phases train
+
+
+def phase_blocker(phase, saved, seconds):
+    """Why a checkpoint phase cannot run (None when it can): a load whose checkpoint was not saved, or
+    too little time for a launch (seconds: this phase's share of what is left)."""
+    if phase["role"] == "load" and phase["ckpt"] not in saved:
+        return f"the checkpoint {phase['ckpt']} was not saved"
+    if seconds < 10:
+        return f"{seconds:.0f} s left for it"
+    return None

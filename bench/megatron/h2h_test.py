@@ -110,6 +110,14 @@ def test_checkpoint_plan_crosses_g_both_ways_and_loads_only_what_was_saved():
     assert [p["impl"] for p in plan if p["role"] == "save"] == ["megatron", "libgtp"]
 
 
+def test_a_load_phase_runs_only_after_its_save_and_with_time_left():
+    save, load = hp.checkpoint_plan()[:2]
+    assert hp.phase_blocker(save, set(), 60) is None
+    assert hp.phase_blocker(load, set(), 60) == "the checkpoint megatron_g4 was not saved"
+    assert hp.phase_blocker(load, {"megatron_g4"}, 60) is None
+    assert hp.phase_blocker(save, set(), 5) == "5 s left for it"
+
+
 # -- h2h_compare --
 LOG = """host:1:2 [0] NCCL INFO AllGather: opCount 3 sendbuff 0x1 recvbuff 0x2 count 1024 datatype 9 op 0 root 0 comm 0x5 [nranks=2] stream 0x6
 host:1:2 [0] NCCL INFO ReduceScatter: opCount 4 sendbuff 0x1 recvbuff 0x2 count 512 datatype 7 op 4 root 0 comm 0x5 [nranks=2] stream 0x6

@@ -56,23 +56,25 @@ def one_ckpt(timeout_s):
               "variant": h2h_plan.CKPT_VARIANT, "steps_before_save": h2h_plan.CKPT_TRAIN,
               "steps_after": h2h_plan.CKPT_CONTINUE, "phases": {}}
     end = time.time() + timeout_s - 15
-    verdicts = []
+    verdicts, saved = [], set()
     with tempfile.TemporaryDirectory(prefix="gtp_h2h_ckpt_") as folder:
         for index, phase in enumerate(plan):
-            left = end - time.time()
-            share = left / (len(plan) - index)
-            if share < 20:
-                result["phases"][phase["phase"]] = {"verdict": f"failed: not run, {left:.0f} s left"}
-                verdicts.append(result["phases"][phase["phase"]]["verdict"])
-                continue
-            ranks, failures = h2h_ranks.launch(phase["world"], {"kind": "ckpt", "phase": phase, "folder": folder},
-                                               deadline_s=share, nccl_log=False)
-            entry = {**phase, "failures": failures, "ranks": ranks}
-            if phase["role"] == "load":
-                entry["verdict"] = h2h_compare.overall(ranks)
-                verdicts.append(entry["verdict"])
-            elif failures:
-                entry["verdict"] = "failed: " + "; ".join(failures)
+            share = (end - time.time()) / (len(plan) - index)  # this phase's part of the time left
+            blocker = h2h_plan.phase_blocker(phase, saved, share)
+            if blocker:
+                entry = {**phase, "verdict": f"failed: not run, {blocker}"}
+            else:
+                ranks, failures = h2h_ranks.launch(phase["world"], {"kind": "ckpt", "phase": phase, "folder": folder},
+                                                   deadline_s=share, nccl_log=False)
+                entry = {**phase, "failures": failures, "ranks": ranks}
+                if phase["role"] == "load":
+                    entry["verdict"] = h2h_compare.overall(ranks)
+                elif failures:
+                    entry["verdict"] = "failed: " + "; ".join(failures)
+                else:
+                    saved.add(phase["ckpt"])
+                    entry["verdict"] = "saved"
+            if entry["verdict"] != "saved":
                 verdicts.append(entry["verdict"])
             result["phases"][phase["phase"]] = entry
     result["verdict"] = h2h_compare.overall([{"verdict": v} for v in verdicts])
@@ -114,7 +116,7 @@ def summary_lines(name, result):
     """One line per variant (the runner's verdict pattern matches '^h2h '), one per rank."""
     lines = [f"h2h {name}: {result['verdict']} ({result.get('seconds', 0):.0f} s)"]
     for phase, entry in result.get("phases", {}).items():
-        lines.append(f"  {phase}: {entry.get('verdict', 'saved' if not entry.get('failures') else 'failed')}")
+        lines.append(f"  {phase}: {entry['verdict']}")
     for r in result.get("ranks", []):
         keys = ("verdict", "max_rel_loss_vs_off", "bound", "gathers")
         lines.append(f"  rank {r.get('rank')}: " + json.dumps({k: r[k] for k in keys if k in r}))
@@ -150,12 +152,15 @@ def main():
               "model": {"hidden": h2h_plan.HIDDEN, "seq": h2h_plan.SEQ, "micro": h2h_plan.MICRO,
                         "microbatches": h2h_plan.MICROBATCHES, "vocab": h2h_plan.VOCAB},
               "skipped": skipped, "variants": {}}
-    try:
-        import torch
+    import torch
+    if names and not torch.cuda.is_available():
+        report["error"] = "no CUDA GPU here: the head-to-head trains on one (docs/real-peers.md)"
+        write(report, args.json)
+        print(f"head_to_head: {report['error']}; nothing run", file=sys.stderr)
+        return 1
+    if names:
         report["card"] = torch.cuda.get_device_name(0)
         report["torch"] = torch.__version__
-    except Exception as error:  # noqa: BLE001 - the card is named where there is one
-        report["card"] = f"none: {type(error).__name__}: {error}"
     with tempfile.TemporaryDirectory() as parts:
         for name in names:
             print(f"== h2h {name} at world {args.world if name != 'ckpt' else '4 and 2'}", flush=True)

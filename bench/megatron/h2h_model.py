@@ -232,16 +232,14 @@ def release(model, optimizer, config):
 
 
 def sharded_state(model, optimizer, loading):
+    """Model and distributed optimizer as megatron.training's checkpointing describes them (one chunk:
+    the checkpoint case trains h2h_plan.CKPT_VARIANT, without virtual pipeline chunks)."""
     from megatron.core.utils import unwrap_model
-    chunks = [unwrap_model(m) for m in model]
-    if len(chunks) == 1:
-        model_sd = chunks[0].sharded_state_dict()
-        state = {"model": model_sd}
-    else:
-        model_sd = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
-        state = dict(model_sd)
-    state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=loading, metadata=OPTIMIZER_CKPT_METADATA)
-    return state
+    if len(model) != 1:
+        raise ValueError(f"{len(model)} model chunks: the checkpoint case saves one (h2h_plan.CKPT_VARIANT)")
+    model_sd = unwrap_model(model[0]).sharded_state_dict()
+    return {"model": model_sd, "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=loading,
+                                                                         metadata=OPTIMIZER_CKPT_METADATA)}
 
 
 def save(model, optimizer, folder):
@@ -251,13 +249,9 @@ def save(model, optimizer, folder):
 
 
 def load(model, optimizer, folder):
+    """Loads the checkpoint into the model (libgtp re-packs its shards on load_state_dict) and optimizer."""
     from megatron.core import dist_checkpointing
     from megatron.core.utils import unwrap_model
     state = dist_checkpointing.load(sharded_state(model, optimizer, loading=True), folder)
-    chunks = [unwrap_model(m) for m in model]
-    if len(chunks) == 1:
-        chunks[0].load_state_dict(state["model"])
-    else:
-        for i, c in enumerate(chunks):
-            c.load_state_dict(state[f"model{i}"])
+    unwrap_model(model[0]).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])

@@ -82,6 +82,9 @@ def variant_rank(rank, world, name, steps, partial):
             summary["nccl_per_step"][impl] = table
             if impl != "off":
                 summary["gathers"][impl] = h2h_compare.gathers_per_weight(table, sizes, run["gtp_weights"])
+    g = summary["gathers"]
+    if all(g.get(i, {}).get("allgathers_per_step") for i in ("libgtp", "megatron")):
+        g["libgtp_over_megatron"] = g["libgtp"]["allgathers_per_step"] / g["megatron"]["allgathers_per_step"]
     summary["runs"] = {k: _public(v) for k, v in runs.items()}
     return summary
 

@@ -71,8 +71,10 @@ def variant_rank(rank, world, name, steps, partial):
         _write_partial(partial, {"rank": rank, "runs": {k: _public(v) for k, v in runs.items()}})
         if runs[impl].get("in_training"):
             break  # the communicators may be in any state now: the launcher's deadline ends the peers
+    last = list(runs)[-1]
     for impl in h2h_plan.IMPLS:
-        runs.setdefault(impl, {"error": "not run: an earlier run failed during training"})
+        if impl not in runs:
+            runs[impl] = {"error": f"not run: {last} failed during training ({runs[last]['error']})"}
     summary = {"rank": rank, **h2h_compare.verdict(runs["libgtp"], runs["megatron"], runs["off"])}
     sizes = (h2h_plan.gtp_size(variant, world), variant.expert_gtp)
     summary["nccl_per_step"], summary["gathers"] = {}, {}

@@ -243,3 +243,48 @@ def test_cli_skips_a_variant_of_another_world_and_writes_the_json(tmp_path):
     report = json.loads(out.read_text())
     assert report["variants"] == {} and set(report["skipped"]) == {"tp2", "pp2vpp"}
     assert "h2h tp2: skipped, runs at world 4, not 2" in proc.stdout
+
+
+# -- h2h_ranks' assembly of a rank's result, with run_impl replaced by a test double (the real one needs a GPU) --
+def _fake_run(losses, shift=0.0, ops_per_step=2):
+    p = _params(shift=shift)
+    ops = [[("AllGather", 64, 2)] * ops_per_step] * 4
+    return {"losses": losses, "loss_hex": [x.hex() for x in losses], "grad_norms": [1.0] * len(losses),
+            "ops": ops, "params": p["shard"], "initial": p["shard"], "checks": {}, "gtp_weights": 2, "seconds": 1.0}
+
+
+def test_variant_rank_writes_partials_and_a_json_summary(monkeypatch, tmp_path):
+    import h2h_ranks
+    runs = {"off": _fake_run([2.0, 1.5, 1.2, 1.0]) | {"params": _params()["off"], "ops": [[]] * 4},
+            "megatron": _fake_run([2.0, 1.5, 1.2, 1.0]), "libgtp": _fake_run([2.0, 1.5, 1.2, 1.0], ops_per_step=4)}
+    seen = []
+
+    def fake_run_impl(variant, world, impl, steps, reference):
+        seen.append((impl, reference is not None))
+        return runs[impl]
+    monkeypatch.setattr(h2h_ranks, "run_impl", fake_run_impl)
+    partial = str(tmp_path / "partial.json")
+    summary = h2h_ranks.variant_rank(0, 2, "gpt", 4, partial)
+    assert seen == [("off", False), ("megatron", True), ("libgtp", True)]
+    assert summary["verdict"] == "bit-identical"
+    assert summary["gathers"]["libgtp"]["allgathers_per_weight_per_step"] == 2.0
+    assert summary["gathers"]["libgtp_over_megatron"] == 2.0
+    json.dumps(summary)  # no tensors reach the JSON
+    assert set(json.loads((tmp_path / "partial.json").read_text())["runs"]) == {"off", "megatron", "libgtp"}
+
+
+def test_variant_rank_stops_after_a_failure_in_training(monkeypatch, tmp_path):
+    import h2h_ranks
+    calls = []
+
+    def fake_run_impl(variant, world, impl, steps, reference):
+        calls.append(impl)
+        if impl == "megatron":
+            return {"error": "training: RuntimeError: NCCL", "in_training": True}
+        return _fake_run([2.0, 1.0]) | ({"params": _params()["off"]} if impl == "off" else {})
+    monkeypatch.setattr(h2h_ranks, "run_impl", fake_run_impl)
+    summary = h2h_ranks.variant_rank(1, 2, "gpt", 4, str(tmp_path / "p.json"))
+    assert calls == ["off", "megatron"]
+    assert summary["verdict"] == ("failed: libgtp: not run: megatron failed during training "
+                                  "(training: RuntimeError: NCCL)")
+    json.dumps(summary)

@@ -148,10 +148,12 @@ def _entry(rank, world, store_dir, launch_id, log_dir, queue, job):
             result = variant_rank(rank, world, job["name"], job["steps"], partial)
         else:
             result = ckpt_rank(rank, world, job["phase"], job["folder"], partial)
-        torch.distributed.barrier()
-        queue.put((rank, True, result))
     except BaseException:  # noqa: BLE001 - reported to the launcher
         queue.put((rank, False, traceback.format_exc()))
+        return
+    queue.put((rank, True, result))
+    torch.distributed.barrier()  # no rank leaves while a peer may still be in a collective with it
+    torch.distributed.destroy_process_group()
 
 
 def launch(world, job, deadline_s, nccl_log=True):

@@ -154,6 +154,12 @@ def checkpoint_plan():
 CKPT_VARIANT = "gpt"  # the model the checkpoint phases train
 
 
+def phase_share(plan, index, seconds_left):
+    """Phase `index`'s part of the seconds left: a load (three runs) weighs twice a save (one)."""
+    weight = {"save": 1, "load": 2}
+    return seconds_left * weight[plan[index]["role"]] / sum(weight[p["role"]] for p in plan[index:])
+
+
 def phase_blocker(phase, saved, seconds):
     """Why a checkpoint phase cannot run (None when it can): a load whose checkpoint was not saved, or
     too little time for a launch (seconds: this phase's share of what is left)."""

@@ -110,6 +110,12 @@ def test_checkpoint_plan_crosses_g_both_ways_and_loads_only_what_was_saved():
     assert [p["impl"] for p in plan if p["role"] == "save"] == ["megatron", "libgtp"]
 
 
+def test_phase_shares_give_loads_twice_a_save_and_use_all_the_time():
+    plan = hp.checkpoint_plan()
+    assert [hp.phase_share(plan, 0, 360), hp.phase_share(plan, 1, 300)] == [60, 120]
+    assert hp.phase_share(plan, 3, 100) == 100
+
+
 def test_a_load_phase_runs_only_after_its_save_and_with_time_left():
     save, load = hp.checkpoint_plan()[:2]
     assert hp.phase_blocker(save, set(), 60) is None

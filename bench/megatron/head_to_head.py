@@ -59,7 +59,7 @@ def one_ckpt(timeout_s):
     verdicts, saved = [], set()
     with tempfile.TemporaryDirectory(prefix="gtp_h2h_ckpt_") as folder:
         for index, phase in enumerate(plan):
-            share = (end - time.time()) / (len(plan) - index)  # this phase's part of the time left
+            share = h2h_plan.phase_share(plan, index, end - time.time())
             blocker = h2h_plan.phase_blocker(phase, saved, share)
             if blocker:
                 entry = {**phase, "verdict": f"failed: not run, {blocker}"}

@@ -28,7 +28,7 @@ te_stack          300   te    bench/te/te_stack_bench.py: 8 x te.Linear(8192, 81
 te_nvfp4          420   te    NVFP4: test_te.py -k nvfp4 (G = 1) and test_te_nvfp4_g2.py (G = 2, two GPUs)
 megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATRON_PARTS (default gpt moe ckpt fp8 recompute), megatron_bench.json
 peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
-h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS)
+h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS, runs separated by semicolons)
 rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, tests, sanitizers, benches; GTP_RIG_STEPS=REGEX picks parts
 rig_stage         300   -     one_gpu_rig_test in fresh processes, copy-engine against kernel staging (rig_stage.json)
 mg_collectives    420   -     2+ GPUs: gtp-bench all-gather BF16 and every wire, reduce-scatter FP32, one rank per GPU
@@ -263,7 +263,7 @@ peers_part() {  # peers_part NAME LIMIT COMMAND...
 }
 
 step_peers() {
-  VERDICT="$VERDICT|^(gpt|fused) rank|^\[ +(OK|FAILED|PASSED|SKIPPED) +\]|rank [0-9]+: .*status=|parity_ok|G = "
+  VERDICT="$VERDICT|^h2h |^\[ +(OK|FAILED|PASSED|SKIPPED) +\]|rank [0-9]+: .*status=|parity_ok|G = "
   local h2h=(python3 bench/megatron/head_to_head.py --steps 8 --commit "${GTP_COMMIT:-unknown}")
   local train=(python3 bindings/python/examples/train_gpt.py --backend cuda --share-gpu --steps 20
                --wires bf16,fp8,mxfp8,nvfp4)
@@ -293,11 +293,21 @@ step_peers() {
     "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g8.gtest.json"
 }
 
+# GTP_H2H_ARGS: head_to_head.py's arguments; several runs (each its own world size) separated by ';',
+# e.g. "--world 4 --variants moe,tp2,pp2vpp,ckpt; --world 2 --variants moe". Run i writes
+# head_to_head.json (the first), head_to_head_2.json, ...
 step_h2h() {
-  # shellcheck disable=SC2086  # GTP_H2H_ARGS is a list of arguments
-  part head_to_head - python3 bench/megatron/head_to_head.py --json "$OUT_DIR/head_to_head.json" \
-    --commit "${GTP_COMMIT:-unknown}" ${GTP_H2H_ARGS:---world 2 --variants gpt,fused}
-  tail -n 40 "$OUT_DIR/head_to_head.log"
+  VERDICT="$VERDICT|^h2h "
+  local h2h_runs run i=0 name
+  IFS=';' read -ra h2h_runs <<< "${GTP_H2H_ARGS:---world 2 --variants gpt,fused}"
+  for run in "${h2h_runs[@]}"; do
+    i=$((i + 1))
+    name=head_to_head$([ "$i" = 1 ] || echo "_$i")
+    # shellcheck disable=SC2086  # each run is a list of arguments
+    part "$name" - python3 bench/megatron/head_to_head.py --json "$OUT_DIR/$name.json" \
+      --commit "${GTP_COMMIT:-unknown}" $run
+    grep -E "^h2h |^  (rank|save|load)" "$OUT_DIR/$name.log" | head -n 60
+  done
 }
 
 # The one-GPU rig (issue 23; remat/one_gpu_rig.h, docs/rig.md): G = 2, 4, 8 ranks as threads on one

@@ -1,0 +1,259 @@
+"""The NVFP4 TE tensors libgtp hands TransformerEngine, byte for byte against TE 2.20.2's own reference
+quantizer (transformer_engine/pytorch/custom_recipes/reference_nvfp4.py, NVFP4QuantizerRef: plain
+PyTorch, run here on the CPU), on the host backend at G = 1, 2 and 4, so they are ready for a Blackwell
+GEMM (docs/formats.md, "Checked against TransformerEngine").
+
+What libgtp hands over is what gtp.torch runs in production: ShardedParameter.materialize_group_for_forward
+under NVFP4BlockScaling (te_quantized.gemm_tensors, nvfp4_tensor, _refresh, weight_amax) over the
+gathered GEMM layout that libgtp's CPU reference unpacked. Only TE's tensor classes, which need TE's CUDA
+extension, are test doubles (TENSOR_DOUBLES): they keep what they are given under the attribute names of
+TE's NVFP4TensorStorage, which are what TE's GEMM reads.
+
+TE's reference comes from the pinned pure-Python wheel transformer-engine (tools/setup.sh unpacks it into
+.te-reference in the checkout, never into site-packages: its package __init__ loads TE's CUDA library).
+reference_nvfp4.py is loaded from that file without running those __init__s; its two imports that need
+the compiled extension are test doubles: quantized_tensor (its base classes Quantizer, whose __init__
+sets the two usage flags the reference reads, as TE's does, and QuantizedTensorStorage, an empty base)
+and, for TE's custom_recipes/gemm.py (loaded for its GEMMType), tensor.utils.is_custom, which only the
+reference's GEMM calls and raises here if anything does.
+
+MXFP8: TE 2.20.2 ships no CPU MXFP8 quantizer in its PyTorch package (MXFP8Quantizer runs CUDA only), so
+MXFP8 codes and scales are checked against TE on a Blackwell GPU (tests/test_te.py); here only their
+GEMM-swizzled layout is checked, with TE's own un-swizzle."""
+import importlib.util
+import os
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import gtp.torch as gt  # noqa: E402
+from gtp.torch import te_quantized as tq  # noqa: E402
+from ranks import run_ranks, store_path  # noqa: E402
+from test_te_recipes import _Recipe  # noqa: E402  (TE's recipe fields with TE's defaults)
+
+TE_VERSION = "2.20.2"
+TE_REFERENCE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", "..", ".te-reference")
+_RECIPES = os.path.join(TE_REFERENCE, "transformer_engine", "pytorch", "custom_recipes")
+BF16_MAX = 3.3895313892515355e38
+GEMM_SCALES = ("row_major", "blocked_128x4")
+SHAPES = [(64, 64), (144, 80), (48, 32)]  # at G = 4: 144 and 48 rows pad to 192 and 64, the last shard empty
+
+
+def _te_installed_version():
+    import glob
+    infos = glob.glob(os.path.join(TE_REFERENCE, "transformer_engine-*.dist-info"))
+    return os.path.basename(infos[0])[len("transformer_engine-"):-len(".dist-info")] if infos else None
+
+
+if _te_installed_version() != TE_VERSION:
+    pytest.skip(f"TransformerEngine {TE_VERSION}'s Python files are not at {os.path.normpath(TE_REFERENCE)} "
+                f"(found {_te_installed_version()}): tools/setup.sh unpacks the pinned wheel there",
+                allow_module_level=True)
+
+
+class _QuantizerDouble:
+    """Stands for TE's quantized_tensor.Quantizer (its module imports TE's CUDA extension): its __init__
+    sets the usage flags as TE's does (rowwise_usage, columnwise_usage), the only base state the
+    reference quantizer reads."""
+
+    def __init__(self, *, rowwise, columnwise):
+        self.rowwise_usage, self.columnwise_usage = rowwise, columnwise
+        self.internal = self.optimize_for_gemm = False
+
+
+class _QuantizedTensorStorageDouble:
+    """Stands for TE's QuantizedTensorStorage: an empty base of the reference's result dataclass."""
+
+
+def _is_custom_double(tensor):
+    """Stands for TE's tensor.utils.is_custom, which only TE's reference GEMM calls: never called here."""
+    raise AssertionError("TE's reference GEMM ran: this test only quantizes")
+
+
+def _load_te_nvfp4_reference():
+    """TE's reference_nvfp4 module, executed from the installed file with TE's package __init__s skipped
+    (package modules with no search path, so nothing else of TE can load) and the two doubles above;
+    sys.modules is left as it was, so no other test sees a transformer_engine module."""
+    names = ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.custom_recipes",
+             "transformer_engine.pytorch.quantized_tensor", "transformer_engine.pytorch.tensor.utils",
+             "transformer_engine.pytorch.custom_recipes.reference_utils",
+             "transformer_engine.pytorch.custom_recipes.gemm",
+             "transformer_engine.pytorch.custom_recipes.reference_nvfp4")
+    saved = {name: sys.modules.get(name) for name in names}
+    try:
+        for name in names[:3]:
+            sys.modules[name] = types.ModuleType(name)
+            sys.modules[name].__path__ = []
+        sys.modules[names[3]] = types.ModuleType(names[3])
+        sys.modules[names[3]].Quantizer = _QuantizerDouble
+        sys.modules[names[3]].QuantizedTensorStorage = _QuantizedTensorStorageDouble
+        sys.modules[names[4]] = types.ModuleType(names[4])
+        sys.modules[names[4]].is_custom = _is_custom_double
+        for name, file in ((names[5], "reference_utils.py"), (names[6], "gemm.py"), (names[7], "reference_nvfp4.py")):
+            spec = importlib.util.spec_from_file_location(name, os.path.join(_RECIPES, file))
+            module = sys.modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        return module
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+
+
+REF = _load_te_nvfp4_reference()
+
+
+def te_quantize(weight, tile):
+    """TE's reference quantization of a BF16 weight as NVFP4BlockScaling configures it: 16x16 tiles for
+    weights (both usages), 1x16 otherwise (row-wise here: libgtp's 1D wire has no transpose), no RHT,
+    no stochastic rounding (the reference has none), no 4over6, E4M3 scales (not powers of 2)."""
+    two_d = tile == (16, 16)
+    return REF.NVFP4QuantizerRef(dtype=REF.reference_utils.Fp4Formats.E2M1, rowwise=True, columnwise=two_d,
+                                 quant_tile_shape=tile, pow_2_scales=False, with_rht=False).quantize(weight)
+
+
+def unswizzle(scales, outer, inner, block):
+    """TE's own un-swizzle of GEMM-ready scales (NVFP4QuantizerRef._recover_swizzled_scales, the 128x4
+    layout TE's kernels write) over the whole padded matrix of an outer x inner tensor."""
+    padded_outer = -(-outer // 128) * 128
+    padded_inner = -(-(inner // block) // 4) * 4 * block
+    return REF.NVFP4QuantizerRef._recover_swizzled_scales(True, scales, padded_outer, padded_inner, block)
+
+
+def te_layout(compact, outer, inner, block):
+    """`compact` ([outer, inner / block]) zero-padded to TE's scale_inv shape (get_scale_shape)."""
+    out = torch.zeros(-(-outer // 128) * 128, -(-(inner // block) // 4) * 4, dtype=torch.uint8)
+    out[:outer, :inner // block] = compact
+    return out
+
+
+# ----- the weights (BF16, built once in the test process and sent to every rank)
+
+def edge_weights(rows, cols):
+    """name -> BF16 weight: random with 2^+-6 row bands, a zero tile, a tile 1e-4 below (E4M3-subnormal tile
+    scales) and a peak; all zeros; values up to BF16's largest (saturating blocks); BF16 subnormals only
+    (a global scale clamped to FLT_MAX); random with subnormals and exact ties of E2M1 rounding."""
+    torch.manual_seed(rows * 1000 + cols)
+    bands = torch.exp2(torch.randint(-6, 7, (rows, 1)).float())
+    random = torch.randn(rows, cols) * bands
+    random[:16, :16] = 0.0
+    random[rows - 16:, cols - 16:] *= 1e-4
+    random[rows // 2, 3] = 300.0
+    huge = torch.randn(rows, cols) * 1e37
+    huge[1, :5] = torch.tensor([BF16_MAX, -BF16_MAX, 3e38, -1e38, 2e38])
+    subnormal = torch.randint(-127, 128, (rows, cols)).float() * 2.0 ** -133  # BF16 subnormals and zero
+    mixed = torch.randn(rows, cols)
+    mixed[::3, ::5] = 2.0 ** -130
+    mixed[2, :16] = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0] * 2)  # block amax 6: scale 1
+    weights = {"random": random, "zeros": torch.zeros(rows, cols), "huge": huge, "subnormal": subnormal,
+               "mixed": mixed}
+    return {name: w.to(torch.bfloat16) for name, w in weights.items()}
+
+
+# ----- libgtp's side: what gtp.torch hands TE, on every rank
+
+class _NVFP4TensorDouble:
+    """Stands for TE's NVFP4Tensor (its module needs TE's CUDA extension): keeps each constructor argument
+    as TE's NVFP4TensorStorage does (`_rowwise_data`, `_rowwise_scale_inv`, ..., `_amax_columnwise`,
+    `_with_gemm_swizzled_scales`), where te_quantized._refresh writes and TE's GEMM reads."""
+
+    def __init__(self, *, shape, dtype, fp4_dtype, quantizer, requires_grad, device, **storage):
+        self.shape, self.quantizer = shape, quantizer
+        for name, value in storage.items():
+            setattr(self, "_" + name, value)
+
+
+def _install_te_tensor_doubles():
+    """TENSOR_DOUBLES for the modules te_quantized imports TE's tensor classes from (in a rank process)."""
+    nvfp4 = types.ModuleType("transformer_engine.pytorch.tensor.nvfp4_tensor")
+    nvfp4.NVFP4Tensor = _NVFP4TensorDouble
+    nvfp4.NVFP4Quantizer = lambda *args, **kwargs: SimpleNamespace(args=args, kwargs=kwargs)
+    sys.modules[nvfp4.__name__] = nvfp4
+    sys.modules["transformer_engine_torch"] = SimpleNamespace(DType=SimpleNamespace(kFloat4E2M1="kFloat4E2M1"))
+
+
+TENSOR_FIELDS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv",
+                 "amax_rowwise", "amax_columnwise", "with_gemm_swizzled_scales")
+
+
+def _hand_over(rank, world, store_dir, weights):
+    """Per weight and GEMM scale order (row_major, blocked_128x4): the NVFP4Tensor gtp.torch hands TE for
+    the 2D wire (forward, then backward), and the 1D wire's GEMM-layout row-wise codes, scales and amax
+    (TE never gets the 1D wire as a tensor)."""
+    _install_te_tensor_doubles()
+    tq._active_recipe = lambda: _Recipe("nvfp4")  # TE's autocast, which refuses NVFP4 without sm_100
+    ctx = gt.Context(torch.distributed.FileStore(store_path(store_dir), world), rank, world)
+    out = {}
+    try:
+        for key, weight in weights.items():
+            rows, cols = weight.shape
+            g = ctx.geometry(rows, cols, "nvfp4")
+            mine = weight[g.row_start:g.row_start + g.valid_rows]
+            for scales in GEMM_SCALES:
+                two_d = gt.ShardedParameter(mine, ctx, f"{key}_2d_{scales}", rows, cols, wire="nvfp4",
+                                            nvfp4_2d=True, gemm_scales=scales)
+                one_d = gt.ShardedParameter(mine, ctx, f"{key}_1d_{scales}", rows, cols, wire="nvfp4",
+                                            gemm_scales=scales)
+                ctx.shard_updated([two_d, one_d])
+                got = {}
+                for phase in ("forward", "backward"):
+                    tensor = getattr(two_d, f"materialize_group_for_{phase}")()
+                    assert isinstance(tensor, _NVFP4TensorDouble) and tensor.shape == (rows, cols)
+                    fields = {f: getattr(tensor, "_" + f) for f in TENSOR_FIELDS}
+                    got[phase] = {f: v.clone() if torch.is_tensor(v) else v for f, v in fields.items()}
+                    two_d.release_group("gemm")
+                (view,) = one_d.materialize_group_views(layout="gemm")
+                got["1d"] = {"data": view.data.tensor[:rows].clone(), "scales": view.scales.tensor.clone(),
+                             "amax": tq.weight_amax(one_d).clone(), "scale_layout": view.scale_layout}
+                one_d.release_group("gemm")
+                out[key, scales] = got
+        ctx.drain()
+        return out
+    finally:
+        ctx.close()
+
+
+def _assert_2d_equals_te(got, ref, rows, cols, blocked, where):
+    assert got["with_gemm_swizzled_scales"] is blocked, where
+    assert torch.equal(got["rowwise_data"], ref.data), f"{where}: row-wise E2M1 codes"
+    assert torch.equal(got["columnwise_data"], ref.data_t), f"{where}: column-wise (transposed) codes"
+    for name, ref_scale, outer, inner in (("rowwise_scale_inv", ref.scale, rows, cols),
+                                          ("columnwise_scale_inv", ref.scale_t, cols, rows)):
+        want = te_layout(ref_scale.view(torch.uint8), outer, inner, 16)
+        ours = unswizzle(got[name], outer, inner, 16) if blocked else got[name]
+        assert ours.dtype == torch.uint8 and torch.equal(ours, want), f"{where}: {name} (TE's layout, padding zero)"
+    assert torch.equal(got["amax_rowwise"], ref.global_amax_row), f"{where}: amax"
+    assert torch.equal(got["amax_columnwise"], ref.global_amax_col), f"{where}: column-wise amax"
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_nvfp4_tensors_equal_te_reference_quantizer_byte_for_byte(world):
+    """Every field TE's NVFP4 GEMM reads, for every shape and edge weight, on every rank, in both GEMM scale
+    orders: the 2D wire's NVFP4Tensor (row-wise codes, column-wise codes, both scale_inv in TE's padded
+    layout, GEMM-swizzled with blocked_128x4, both amax; the forward's and the backward's) equals TE's
+    16x16 reference; the 1D wire's row-wise codes, scales and amax equal TE's 1x16 reference."""
+    weights = {(shape, name): w for shape in SHAPES for name, w in edge_weights(*shape).items()}
+    keyed = {f"w{i}": w for i, w in enumerate(weights.values())}
+    results = run_ranks(_hand_over, world, keyed)
+    for i, ((shape, name), weight) in enumerate(weights.items()):
+        rows, cols = shape
+        ref_2d, ref_1d = te_quantize(weight, (16, 16)), te_quantize(weight, (1, 16))
+        for rank, out in enumerate(results):
+            for scales in GEMM_SCALES:
+                got, blocked = out[f"w{i}", scales], scales == "blocked_128x4"
+                where = f"{name} {rows}x{cols}, G = {world}, rank {rank}, {scales}"
+                assert got["1d"]["scale_layout"] == scales, where
+                for phase in ("forward", "backward"):
+                    _assert_2d_equals_te(got[phase], ref_2d, rows, cols, blocked, f"{where}, 2D {phase}")
+                one_d = got["1d"]
+                assert torch.equal(one_d["data"], ref_1d.data), f"{where}: 1D codes"
+                ours = unswizzle(one_d["scales"], rows, cols, 16)[:rows, :cols // 16] if blocked else one_d["scales"][:rows]
+                assert torch.equal(ours, ref_1d.scale.view(torch.uint8)), f"{where}: 1D scales"
+                assert torch.equal(one_d["amax"], ref_1d.global_amax_row), f"{where}: 1D amax"

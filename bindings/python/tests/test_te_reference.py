@@ -6,7 +6,7 @@ GEMM (docs/formats.md, "Checked against TransformerEngine").
 What libgtp hands over is what gtp.torch runs in production: ShardedParameter.materialize_group_for_forward
 under NVFP4BlockScaling (te_quantized.gemm_tensors, nvfp4_tensor, _refresh, weight_amax) over the
 gathered GEMM layout that libgtp's CPU reference unpacked. Only TE's tensor classes, which need TE's CUDA
-extension, are test doubles (TENSOR_DOUBLES): they keep what they are given under the attribute names of
+extension, are test doubles (_TETensorDouble): they keep what they are given under the attribute names of
 TE's NVFP4TensorStorage, which are what TE's GEMM reads.
 
 TE's reference comes from the pinned pure-Python wheel transformer-engine (tools/setup.sh unpacks it into
@@ -139,7 +139,7 @@ def te_layout(compact, outer, inner, block):
 def edge_weights(rows, cols):
     """name -> BF16 weight: random with 2^+-6 row bands, a zero tile, a tile 1e-4 below (E4M3-subnormal tile
     scales) and a peak; all zeros; values up to BF16's largest (saturating blocks); BF16 subnormals only
-    (a global scale clamped to FLT_MAX); random with subnormals and exact ties of E2M1 rounding."""
+    (a global scale clamped to FLT_MAX); random with subnormals and a block on E2M1's rounding thresholds."""
     torch.manual_seed(rows * 1000 + cols)
     bands = torch.exp2(torch.randint(-6, 7, (rows, 1)).float())
     random = torch.randn(rows, cols) * bands
@@ -159,24 +159,27 @@ def edge_weights(rows, cols):
 
 # ----- libgtp's side: what gtp.torch hands TE, on every rank
 
-class _NVFP4TensorDouble:
-    """Stands for TE's NVFP4Tensor (its module needs TE's CUDA extension): keeps each constructor argument
-    as TE's NVFP4TensorStorage does (`_rowwise_data`, `_rowwise_scale_inv`, ..., `_amax_columnwise`,
-    `_with_gemm_swizzled_scales`), where te_quantized._refresh writes and TE's GEMM reads."""
+class _TETensorDouble:
+    """Stands for TE's NVFP4Tensor and MXFP8Tensor (their modules need TE's CUDA extension): keeps each
+    storage argument as TE's NVFP4TensorStorage / MXFP8TensorStorage do (`_rowwise_data`,
+    `_rowwise_scale_inv`, ..., `_with_gemm_swizzled_scales`), where te_quantized._refresh writes and TE's
+    GEMM reads."""
 
-    def __init__(self, *, shape, dtype, fp4_dtype, quantizer, requires_grad, device, **storage):
+    def __init__(self, *, shape, dtype, quantizer, requires_grad, device, **storage):
         self.shape, self.quantizer = shape, quantizer
         for name, value in storage.items():
             setattr(self, "_" + name, value)
 
 
-def _install_te_tensor_doubles():
-    """TENSOR_DOUBLES for the modules te_quantized imports TE's tensor classes from (in a rank process)."""
-    nvfp4 = types.ModuleType("transformer_engine.pytorch.tensor.nvfp4_tensor")
-    nvfp4.NVFP4Tensor = _NVFP4TensorDouble
-    nvfp4.NVFP4Quantizer = lambda *args, **kwargs: SimpleNamespace(args=args, kwargs=kwargs)
-    sys.modules[nvfp4.__name__] = nvfp4
-    sys.modules["transformer_engine_torch"] = SimpleNamespace(DType=SimpleNamespace(kFloat4E2M1="kFloat4E2M1"))
+def _install_te_tensor_doubles(install=sys.modules.__setitem__):
+    """_TETensorDouble and TE's dtype names in the modules te_quantized imports TE's tensor classes and dtypes from."""
+    for kind in ("nvfp4", "mxfp8"):
+        module = types.ModuleType(f"transformer_engine.pytorch.tensor.{kind}_tensor")
+        setattr(module, f"{kind.upper()}Tensor", _TETensorDouble)
+        setattr(module, f"{kind.upper()}Quantizer", lambda *args, **kwargs: SimpleNamespace(args=args, kwargs=kwargs))
+        install(module.__name__, module)
+    install("transformer_engine_torch", SimpleNamespace(DType=SimpleNamespace(kFloat4E2M1="kFloat4E2M1",
+                                                                              kFloat8E4M3="kFloat8E4M3")))
 
 
 TENSOR_FIELDS = ("rowwise_data", "rowwise_scale_inv", "columnwise_data", "columnwise_scale_inv",
@@ -190,30 +193,31 @@ def _hand_over(rank, world, store_dir, weights):
     _install_te_tensor_doubles()
     tq._active_recipe = lambda: _Recipe("nvfp4")  # TE's autocast, which refuses NVFP4 without sm_100
     ctx = gt.Context(torch.distributed.FileStore(store_path(store_dir), world), rank, world)
-    out = {}
+    out, params = {}, {}
     try:
         for key, weight in weights.items():
             rows, cols = weight.shape
             g = ctx.geometry(rows, cols, "nvfp4")
             mine = weight[g.row_start:g.row_start + g.valid_rows]
             for scales in GEMM_SCALES:
-                two_d = gt.ShardedParameter(mine, ctx, f"{key}_2d_{scales}", rows, cols, wire="nvfp4",
-                                            nvfp4_2d=True, gemm_scales=scales)
-                one_d = gt.ShardedParameter(mine, ctx, f"{key}_1d_{scales}", rows, cols, wire="nvfp4",
-                                            gemm_scales=scales)
-                ctx.shard_updated([two_d, one_d])
-                got = {}
-                for phase in ("forward", "backward"):
-                    tensor = getattr(two_d, f"materialize_group_for_{phase}")()
-                    assert isinstance(tensor, _NVFP4TensorDouble) and tensor.shape == (rows, cols)
-                    fields = {f: getattr(tensor, "_" + f) for f in TENSOR_FIELDS}
-                    got[phase] = {f: v.clone() if torch.is_tensor(v) else v for f, v in fields.items()}
-                    two_d.release_group("gemm")
-                (view,) = one_d.materialize_group_views(layout="gemm")
-                got["1d"] = {"data": view.data.tensor[:rows].clone(), "scales": view.scales.tensor.clone(),
-                             "amax": tq.weight_amax(one_d).clone(), "scale_layout": view.scale_layout}
-                one_d.release_group("gemm")
-                out[key, scales] = got
+                params[key, scales] = [gt.ShardedParameter(mine, ctx, f"{key}_{two_d}_{scales}", rows, cols,
+                                                           wire="nvfp4", nvfp4_2d=two_d, gemm_scales=scales)
+                                       for two_d in (True, False)]
+        ctx.shard_updated([p for pair in params.values() for p in pair])  # one amax reduction for all
+        for (key, scales), (two_d, one_d) in params.items():
+            rows, cols = two_d.full_shape
+            got = {}
+            for phase in ("forward", "backward"):
+                tensor = getattr(two_d, f"materialize_group_for_{phase}")()
+                assert isinstance(tensor, _TETensorDouble) and tensor.shape == (rows, cols)
+                fields = {f: getattr(tensor, "_" + f) for f in TENSOR_FIELDS}
+                got[phase] = {f: v.clone() if torch.is_tensor(v) else v for f, v in fields.items()}
+                two_d.release_group("gemm")
+            (view,) = one_d.materialize_group_views(layout="gemm")
+            got["1d"] = {"data": view.data.tensor[:rows].clone(), "scales": view.scales.tensor.clone(),
+                         "amax": tq.weight_amax(one_d).clone(), "scale_layout": view.scale_layout}
+            one_d.release_group("gemm")
+            out[key, scales] = got
         ctx.drain()
         return out
     finally:
@@ -257,3 +261,91 @@ def test_nvfp4_tensors_equal_te_reference_quantizer_byte_for_byte(world):
                 ours = unswizzle(one_d["scales"], rows, cols, 16)[:rows, :cols // 16] if blocked else one_d["scales"][:rows]
                 assert torch.equal(ours, ref_1d.scale.view(torch.uint8)), f"{where}: 1D scales"
                 assert torch.equal(one_d["amax"], ref_1d.global_amax_row), f"{where}: 1D amax"
+
+
+@pytest.fixture
+def handed_over(tmp_path, monkeypatch):
+    """gtp.torch at G = 1 in this process; (weight, recipe kind, register args) -> what it hands TE."""
+    _install_te_tensor_doubles(lambda name, module: monkeypatch.setitem(sys.modules, name, module))
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1) as ctx:
+        def hand_over(weight, kind, **register):
+            monkeypatch.setattr(tq, "_active_recipe", lambda: _Recipe(kind))
+            rows, cols = weight.shape
+            param = gt.ShardedParameter(weight, ctx, f"w{len(ctx.parameters)}", rows, cols, **register)
+            ctx.shard_updated([param])
+            tensor = param.materialize_group_for_forward()
+            assert isinstance(tensor, _TETensorDouble)
+            out = SimpleNamespace(**{k: v.clone() if torch.is_tensor(v) else v for k, v in vars(tensor).items()})
+            param.release_group("gemm")
+            return out
+        yield hand_over
+        ctx.drain()
+
+
+def codes(data):
+    """[r, c / 2] packed E2M1 bytes -> [r, c] codes, element 2k in the low nibble (TE's and libgtp's order)."""
+    return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)
+
+
+def test_where_te_reference_differs_non_finite_and_negative_zero(handed_over):
+    """The two places libgtp's NVFP4 differs from TE's reference, each exactly as docs/formats.md says:
+    - a weight holding Inf or NaN: TE's reference takes its global amax over every element (torch.max:
+      NaN or Inf, every tile scale then meaningless); libgtp's amax is the largest finite |x|, the 16x16
+      tiles holding the Inf / NaN get scale 0x7F (E4M3 NaN) and codes 0, and every other tile equals TE's
+      reference on the same weight with those elements zeroed;
+    - an input of exactly -0.0: TE's Python reference (cast_to_fp4x2) gives code 0x0, libgtp keeps the
+      sign (0x8; libgtp's CUDA kernel is bit-identical to its reference). Both decode to zero."""
+    rows, cols = 64, 64
+    torch.manual_seed(3)
+    weight = torch.randn(rows, cols).to(torch.bfloat16)
+    weight[0:3, 20] = -0.0                      # in a finite tile (1 = column tile 1)
+    weight[48:64, 0:16] = -0.0                  # a whole tile of -0.0
+    weight[5, 40], weight[20, 7], weight[33, 60] = float("inf"), float("nan"), float("-inf")
+    bad_tiles = {(0, 2), (1, 0), (2, 3)}        # (row tile, column tile) holding Inf / NaN
+    ours = handed_over(weight, "nvfp4", wire="nvfp4", nvfp4_2d=True)
+    te = te_quantize(weight, (16, 16))
+    assert te.global_amax_row.isnan().all(), "TE's reference amax is NaN for a weight holding a NaN"
+    only_inf = weight.nan_to_num(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+    assert te_quantize(only_inf, (16, 16)).global_amax_row.isinf().all(), "and Inf for one holding an Inf"
+    clean = weight.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    te_clean = te_quantize(clean, (16, 16))
+    assert torch.equal(ours._amax_rowwise, te_clean.global_amax_row) and torch.equal(ours._amax_columnwise,
+                                                                                        te_clean.global_amax_col)
+    assert ours._amax_rowwise.item() == clean.float().abs().max().item() > 0
+    for usage, data, scale, te_data, te_scale, source in (
+            ("row-wise", ours._rowwise_data, ours._rowwise_scale_inv, te_clean.data, te_clean.scale, weight),
+            ("column-wise", ours._columnwise_data, ours._columnwise_scale_inv, te_clean.data_t, te_clean.scale_t,
+             weight.t())):
+        bad = torch.zeros(4, 4, dtype=torch.bool)
+        for r, c in bad_tiles:
+            bad[(r, c) if usage == "row-wise" else (c, r)] = True
+        bad_elements = bad.repeat_interleave(16, 0).repeat_interleave(16, 1)
+        got_codes, te_codes = codes(data), codes(te_data)
+        assert not got_codes[bad_elements].any(), f"{usage}: codes 0 in the tiles holding Inf / NaN"
+        bad_scales = bad.repeat_interleave(16, 0)  # TE's layout: each tile's scale on its 16 rows
+        got_scale = scale[:64, :4]
+        assert (got_scale[bad_scales] == 0x7F).all(), f"{usage}: scale 0x7F (E4M3 NaN) for those tiles"
+        assert torch.equal(got_scale[~bad_scales], te_scale.view(torch.uint8)[~bad_scales]), usage
+        negative_zero = (source == 0) & source.float().signbit() & ~bad_elements
+        assert negative_zero.sum() == 16 * 16 + 3
+        assert (got_codes[negative_zero] == 0x8).all() and (te_codes[negative_zero] == 0x0).all(), usage
+        same = ~bad_elements & ~negative_zero
+        assert torch.equal(got_codes[same], te_codes[same]), f"{usage}: every other code is TE's"
+
+
+def test_mxfp8_blocked_scales_are_te_swizzle_of_the_handed_over_scales(handed_over):
+    """The MXFP8 wire's MXFP8Tensor, row-major (TE's padded layout) and blocked_128x4 (GEMM-swizzled): the
+    same codes, and TE's own un-swizzle of the blocked scales (NVFP4QuantizerRef._recover_swizzled_scales,
+    its reader of the 128x4 layout, with 32-element blocks) gives the row-major ones, padding included.
+    (Codes and scale values against TE's MXFP8Quantizer: on a Blackwell GPU, tests/test_te.py.)"""
+    for rows, cols in ((96, 160), (256, 64)):
+        torch.manual_seed(rows)
+        weight = (torch.randn(rows, cols) * torch.exp2(torch.randint(-8, 9, (rows, 1)).float())).to(torch.bfloat16)
+        plain = handed_over(weight, "mxfp8", wire="mxfp8")
+        blocked = handed_over(weight, "mxfp8", wire="mxfp8", gemm_scales="blocked_128x4")
+        assert not plain._with_gemm_swizzled_scales and blocked._with_gemm_swizzled_scales
+        assert plain._columnwise_data is None and blocked._columnwise_data is None, "row-wise usage only"
+        assert torch.equal(plain._rowwise_data, blocked._rowwise_data) and plain._rowwise_data.shape == (rows, cols)
+        assert tuple(plain._rowwise_scale_inv.shape) == tq.mxfp8_scale_shape(rows, cols)
+        assert plain._rowwise_scale_inv[:rows, :cols // 32].any(), "scales written"
+        assert torch.equal(unswizzle(blocked._rowwise_scale_inv, rows, cols, 32), plain._rowwise_scale_inv)

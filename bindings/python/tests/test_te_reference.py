@@ -15,7 +15,8 @@ reference_nvfp4.py is loaded from that file without running those __init__s; its
 the compiled extension are test doubles: quantized_tensor (its base classes Quantizer, whose __init__
 sets the two usage flags the reference reads, as TE's does, and QuantizedTensorStorage, an empty base)
 and, for TE's custom_recipes/gemm.py (loaded for its GEMMType), tensor.utils.is_custom, which only the
-reference's GEMM calls and raises here if anything does.
+reference's GEMM calls and raises here if anything does. TE's scale_inv shapes come from TE's own
+NVFP4Quantizer / MXFP8Quantizer.get_scale_shape, compiled alone from the installed files.
 
 MXFP8: TE 2.20.2 ships no CPU MXFP8 quantizer in its PyTorch package (MXFP8Quantizer runs CUDA only), so
 MXFP8 codes and scales are checked against TE on a Blackwell GPU (tests/test_te.py); here only their
@@ -110,6 +111,42 @@ def _load_te_nvfp4_reference():
 REF = _load_te_nvfp4_reference()
 
 
+def _te_functions():
+    """TE's own get_scale_shape of NVFP4Quantizer and MXFP8Quantizer, compiled from the installed files
+    (their modules import TE's CUDA extension, these methods nothing of it) with what they read: TE's
+    round_up_to_nearest_multiple (pytorch/utils.py) and block sizes (pytorch/constants.py)."""
+    import ast
+    import math
+    import typing
+    root = os.path.join(TE_REFERENCE, "transformer_engine", "pytorch")
+
+    def parse(path):
+        with open(os.path.join(root, path)) as f:
+            return ast.parse(f.read())
+    namespace = {"math": math, "Iterable": typing.Iterable, "Tuple": typing.Tuple}
+    for node in parse("constants.py").body:
+        if isinstance(node, ast.Assign) and node.targets[0].id.endswith("_BLOCK_SCALING_SIZE"):
+            namespace[node.targets[0].id] = ast.literal_eval(node.value)
+    wanted = [("utils.py", None, "round_up_to_nearest_multiple"),
+              ("tensor/nvfp4_tensor.py", "NVFP4Quantizer", "get_scale_shape"),
+              ("tensor/mxfp8_tensor.py", "MXFP8Quantizer", "get_scale_shape")]
+    found = {}
+    for path, cls, name in wanted:
+        scope = parse(path).body
+        if cls is not None:
+            scope = next(n for n in scope if isinstance(n, ast.ClassDef) and n.name == cls).body
+        function = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+        local = {}
+        exec(compile(ast.Module(body=[function], type_ignores=[]), path, "exec"), namespace, local)
+        namespace.update(local) if cls is None else None
+        found[cls or name] = local[name]
+    return SimpleNamespace(nvfp4_scale_shape=lambda shape, columnwise: found["NVFP4Quantizer"](None, shape, columnwise),
+                           mxfp8_scale_shape=lambda shape, columnwise: found["MXFP8Quantizer"](None, shape, columnwise))
+
+
+TE = _te_functions()
+
+
 def te_quantize(weight, tile):
     """TE's reference quantization of a BF16 weight as NVFP4BlockScaling configures it: 16x16 tiles for
     weights (both usages), 1x16 otherwise (row-wise here: libgtp's 1D wire has no transpose), no RHT,
@@ -127,10 +164,11 @@ def unswizzle(scales, outer, inner, block):
     return REF.NVFP4QuantizerRef._recover_swizzled_scales(True, scales, padded_outer, padded_inner, block)
 
 
-def te_layout(compact, outer, inner, block):
-    """`compact` ([outer, inner / block]) zero-padded to TE's scale_inv shape (get_scale_shape)."""
-    out = torch.zeros(-(-outer // 128) * 128, -(-(inner // block) // 4) * 4, dtype=torch.uint8)
-    out[:outer, :inner // block] = compact
+def te_layout(compact, shape, columnwise):
+    """`compact` (NVFP4 scales [outer, inner / 16]) zero-padded to TE's scale_inv shape for a tensor of
+    `shape` (TE's NVFP4Quantizer.get_scale_shape)."""
+    out = torch.zeros(TE.nvfp4_scale_shape(shape, columnwise), dtype=torch.uint8)
+    out[:compact.shape[0], :compact.shape[1]] = compact
     return out
 
 
@@ -228,9 +266,10 @@ def _assert_2d_equals_te(got, ref, rows, cols, blocked, where):
     assert got["with_gemm_swizzled_scales"] is blocked, where
     assert torch.equal(got["rowwise_data"], ref.data), f"{where}: row-wise E2M1 codes"
     assert torch.equal(got["columnwise_data"], ref.data_t), f"{where}: column-wise (transposed) codes"
-    for name, ref_scale, outer, inner in (("rowwise_scale_inv", ref.scale, rows, cols),
-                                          ("columnwise_scale_inv", ref.scale_t, cols, rows)):
-        want = te_layout(ref_scale.view(torch.uint8), outer, inner, 16)
+    for name, ref_scale, columnwise in (("rowwise_scale_inv", ref.scale, False),
+                                        ("columnwise_scale_inv", ref.scale_t, True)):
+        want = te_layout(ref_scale.view(torch.uint8), (rows, cols), columnwise)
+        outer, inner = (cols, rows) if columnwise else (rows, cols)
         ours = unswizzle(got[name], outer, inner, 16) if blocked else got[name]
         assert ours.dtype == torch.uint8 and torch.equal(ours, want), f"{where}: {name} (TE's layout, padding zero)"
     assert torch.equal(got["amax_rowwise"], ref.global_amax_row), f"{where}: amax"
@@ -346,6 +385,17 @@ def test_mxfp8_blocked_scales_are_te_swizzle_of_the_handed_over_scales(handed_ov
         assert not plain._with_gemm_swizzled_scales and blocked._with_gemm_swizzled_scales
         assert plain._columnwise_data is None and blocked._columnwise_data is None, "row-wise usage only"
         assert torch.equal(plain._rowwise_data, blocked._rowwise_data) and plain._rowwise_data.shape == (rows, cols)
-        assert tuple(plain._rowwise_scale_inv.shape) == tq.mxfp8_scale_shape(rows, cols)
+        assert tuple(plain._rowwise_scale_inv.shape) == TE.mxfp8_scale_shape((rows, cols), False)
         assert plain._rowwise_scale_inv[:rows, :cols // 32].any(), "scales written"
         assert torch.equal(unswizzle(blocked._rowwise_scale_inv, rows, cols, 32), plain._rowwise_scale_inv)
+
+
+def test_scale_shapes_are_te_get_scale_shape():
+    """te_quantized's NVFP4 / MXFP8 scale_inv shapes (what it allocates and checks blocked scales against)
+    equal TE's own NVFP4Quantizer / MXFP8Quantizer.get_scale_shape, padded shapes included."""
+    for rows, cols in ((64, 64), (144, 80), (48, 32), (96, 160), (512, 256), (4096, 1024)):
+        for columnwise in (False, True):
+            assert tq.nvfp4_scale_shape(rows, cols, columnwise) == TE.nvfp4_scale_shape((rows, cols), columnwise)
+        if rows % 32 == 0 and cols % 32 == 0:
+            assert tq.mxfp8_scale_shape(rows, cols) == TE.mxfp8_scale_shape((rows, cols), False)
+    assert TE.nvfp4_scale_shape((144, 80), False) == (256, 8) and TE.nvfp4_scale_shape((144, 80), True) == (128, 12)

@@ -78,7 +78,7 @@ def _is_custom_double(tensor):
 
 def _load_te_nvfp4_reference():
     """TE's reference_nvfp4 module, executed from the installed file with TE's package __init__s skipped
-    (package modules with no search path, so nothing else of TE can load) and the two doubles above;
+    (package modules with no search path, so nothing else of TE can load) and the three doubles above;
     sys.modules is left as it was, so no other test sees a transformer_engine module."""
     names = ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.pytorch.custom_recipes",
              "transformer_engine.pytorch.quantized_tensor", "transformer_engine.pytorch.tensor.utils",
@@ -125,8 +125,9 @@ def _te_functions():
             return ast.parse(f.read())
     namespace = {"math": math, "Iterable": typing.Iterable, "Tuple": typing.Tuple}
     for node in parse("constants.py").body:
-        if isinstance(node, ast.Assign) and node.targets[0].id.endswith("_BLOCK_SCALING_SIZE"):
-            namespace[node.targets[0].id] = ast.literal_eval(node.value)
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id.endswith("_BLOCK_SCALING_SIZE"):
+            namespace[target.id] = ast.literal_eval(node.value)
     wanted = [("utils.py", None, "round_up_to_nearest_multiple"),
               ("tensor/nvfp4_tensor.py", "NVFP4Quantizer", "get_scale_shape"),
               ("tensor/mxfp8_tensor.py", "MXFP8Quantizer", "get_scale_shape")]
@@ -138,7 +139,8 @@ def _te_functions():
         function = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
         local = {}
         exec(compile(ast.Module(body=[function], type_ignores=[]), path, "exec"), namespace, local)
-        namespace.update(local) if cls is None else None
+        if cls is None:  # a module-level helper the methods call
+            namespace.update(local)
         found[cls or name] = local[name]
     return SimpleNamespace(nvfp4_scale_shape=lambda shape, columnwise: found["NVFP4Quantizer"](None, shape, columnwise),
                            mxfp8_scale_shape=lambda shape, columnwise: found["MXFP8Quantizer"](None, shape, columnwise))

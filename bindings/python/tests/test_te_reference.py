@@ -299,7 +299,11 @@ def test_nvfp4_tensors_equal_te_reference_quantizer_byte_for_byte(world):
                     _assert_2d_equals_te(got[phase], ref_2d, rows, cols, blocked, f"{where}, 2D {phase}")
                 one_d = got["1d"]
                 assert torch.equal(one_d["data"], ref_1d.data), f"{where}: 1D codes"
-                ours = unswizzle(one_d["scales"], rows, cols, 16)[:rows, :cols // 16] if blocked else one_d["scales"][:rows]
+                ours = one_d["scales"][:rows]  # the GEMM layout's compact [gemm_rows, cols / 16]
+                if blocked:
+                    full = unswizzle(one_d["scales"], rows, cols, 16)
+                    ours = full[:rows, :cols // 16]
+                    assert not full[rows:].any() and not full[:, cols // 16:].any(), f"{where}: 1D padding"
                 assert torch.equal(ours, ref_1d.scale.view(torch.uint8)), f"{where}: 1D scales"
                 assert torch.equal(one_d["amax"], ref_1d.global_amax_row), f"{where}: 1D amax"
 

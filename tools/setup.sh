@@ -81,6 +81,23 @@ PY
   rm -rf "$wheel_dir"
 fi
 
+# TransformerEngine's own CPU reference quantizer (tests/test_te_reference.py checks libgtp's NVFP4 TE tensors
+# against it): the pinned pure-Python wheel transformer-engine (1.2 MB download, 12 MB unpacked, no compiled
+# code), unpacked by pip into .te-reference in the checkout, NOT into site-packages: its package __init__
+# loads TE's CUDA library, and installed, Megatron-Core would take TE for present. A failure is reported
+# and leaves that test skipping, saying why.
+te_pin="$(grep -i '^transformer-engine==' "$constraints" | cut -d= -f3)"
+te_dir="$(cd "$(dirname "$0")/.." && pwd)/.te-reference"
+if [ -d "$te_dir/transformer_engine-$te_pin.dist-info" ]; then
+  echo "setup: $te_dir already holds transformer-engine $te_pin"
+elif rm -rf "$te_dir" && python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$te_dir" \
+     "transformer-engine==$te_pin"; then
+  echo "setup: unpacked transformer-engine $te_pin (pure Python) into $te_dir for tests/test_te_reference.py"
+else
+  rm -rf "$te_dir"
+  echo "setup: WARNING: could not unpack transformer-engine $te_pin (see pip's message above): tests/test_te_reference.py will skip" >&2
+fi
+
 # Megatron Bridge 0.6.2 (gtp.bridge's tests, //bindings/python:bridge_test) needs Python >= 3.12: where
 # pyenv has a 3.12, a virtual environment .venv312 in the checkout with every package of
 # tools/constraints-bridge.txt (about 6 GB, mostly torch's CUDA wheels, about 6 minutes). Made again only

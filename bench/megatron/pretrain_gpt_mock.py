@@ -26,7 +26,6 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transfor
 from megatron.training import get_args, get_tokenizer, pretrain  # noqa: E402
 from megatron.training.argument_utils import core_transformer_config_from_args, pretrain_cfg_container_from_args  # noqa: E402
 from megatron.training.arguments import parse_and_validate_args  # noqa: E402
-from megatron.training.utils import get_batch_on_this_cp_rank, get_batch_on_this_tp_rank  # noqa: E402
 
 import gtp.megatron  # noqa: E402
 
@@ -59,10 +58,11 @@ def loss_func(loss_mask, output_tensor):
 
 
 def forward_step(data_iterator, model):
-    batch = get_batch_on_this_cp_rank(get_batch_on_this_tp_rank(data_iterator))
-    tokens, labels, loss_mask, attention_mask, position_ids = batch.values()
-    output = model(tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
-    return output, partial(loss_func, loss_mask)
+    """TP 1 and CP 1 (main() refuses others): every rank reads its own batch from its data iterator."""
+    batch = {k: v.cuda(non_blocking=True) for k, v in next(data_iterator).items() if torch.is_tensor(v)}
+    output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"],
+                   loss_mask=batch["loss_mask"])
+    return output, partial(loss_func, batch["loss_mask"])
 
 
 def datasets_provider(train_val_test_num_samples, vp_stage=None):
@@ -118,6 +118,10 @@ def record_to(path):
 
 def main():
     args = parse_and_validate_args(extra_args_provider=add_arguments)
+    if args.tensor_model_parallel_size != 1 or args.context_parallel_size != 1 or args.pipeline_model_parallel_size != 1:
+        raise SystemExit(f"pretrain_gpt_mock.py: TP {args.tensor_model_parallel_size}, CP {args.context_parallel_size}, "
+                         f"PP {args.pipeline_model_parallel_size}: this script runs TP = CP = PP = 1 (its batches are "
+                         "not broadcast or split); G comes from --tensor-parallel-num-weight-shards")
     if args.gtp_record:
         record_to(args.gtp_record)
     if args.gtp_backend == "libgtp":

@@ -46,6 +46,7 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_with_transformer_engine_spec(),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
+                    share_embeddings_and_output_weights=not args.untie_embeddings_and_output_weights,
                     pg_collection=pg_collection)
 
 

@@ -34,7 +34,7 @@ MICRO, GLOBAL = 2, 8
 LOSS_BOUND = 1e-2  # relative; the verdict also says whether the losses are bit-identical
 
 
-def megatron_args(g, save_dir, phase):
+def megatron_args(g, save_dir, phase, tied=False):
     args = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "4",
             "--seq-length", "128", "--max-position-embeddings", "128", "--micro-batch-size", str(MICRO),
             "--global-batch-size", str(GLOBAL), "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
@@ -45,6 +45,8 @@ def megatron_args(g, save_dir, phase):
             "--use-distributed-optimizer", "--ckpt-format", "torch_dist", "--save", save_dir,
             "--save-interval", str(SAVE_AT), "--log-interval", "1", "--seed", "1234", "--num-workers", "0",
             "--distributed-timeout-minutes", "3"]
+    if not tied:  # Megatron-LM ties them by default; tied weights at G > 1 are not verified on libgtp yet
+        args.append("--untie-embeddings-and-output-weights")
     if phase == "first":
         args += ["--exit-interval", str(SAVE_AT)]
     else:
@@ -58,7 +60,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(g, backend, phase, work, timeout_s, launch_id):
+def launch(g, backend, phase, work, timeout_s, launch_id, tied=False):
     """One Megatron-LM job of G ranks (TP 1), each rank a process; returns (ok, records of rank 0, log tail)."""
     save_dir = os.path.join(work, f"g{g}_{backend}_ckpt")
     record = os.path.join(work, f"g{g}_{backend}_{phase}_rank0.jsonl")
@@ -71,7 +73,7 @@ def launch(g, backend, phase, work, timeout_s, launch_id):
                                                             os.environ.get("PYTHONPATH")])))
         if g > 1:
             env.update(shared_gpu.environment(rank, f"{launch_id}-g{g}-{backend}-{phase}"))
-        cmd = [sys.executable, ENTRY, *megatron_args(g, save_dir, phase), "--gtp-backend", backend]
+        cmd = [sys.executable, ENTRY, *megatron_args(g, save_dir, phase, tied), "--gtp-backend", backend]
         if backend == "libgtp" and g == 1:
             cmd.append("--gtp-machinery-at-g1")
         if rank == 0:
@@ -162,6 +164,8 @@ def main():
     parser.add_argument("--g", default="1,2", help="comma-separated G values (ranks on the one GPU), default 1,2")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per launch (default 150)")
     parser.add_argument("--commit", default=None)
+    parser.add_argument("--tied", action="store_true",
+                        help="tie the embedding and output weights (Megatron-LM's default; unverified on libgtp at G > 1)")
     args = parser.parse_args()
     gs = [int(x) for x in args.g.split(",") if x]
     if any(g < 1 for g in gs):
@@ -173,7 +177,7 @@ def main():
     started = time.time()
     report = {"what": "Megatron-LM pretrain (megatron-core 0.19.2) on libgtp vs Megatron-Core's own GTP",
               "card": torch.cuda.get_device_name(0), "torch": torch.__version__, "commit": args.commit or commit(),
-              "command": command_line(), "loss_bound_rel": LOSS_BOUND,
+              "command": command_line(), "loss_bound_rel": LOSS_BOUND, "tied_embeddings": args.tied,
               "model": {"layers": 2, "hidden": 256, "seq": 128, "micro": MICRO, "global": GLOBAL,
                         "train_iters": TRAIN_ITERS, "save_at": SAVE_AT, "eval_interval": EVAL_INTERVAL,
                         "eval_iters": EVAL_ITERS},
@@ -183,7 +187,7 @@ def main():
             runs = {b: {} for b in BACKENDS}
             for phase in ("first", "resume"):
                 # The two backends' jobs run side by side (separate checkpoints, ports, NCCL host ids).
-                jobs = {b: launch(g, b, phase, work, args.timeout, str(os.getpid())) for b in BACKENDS}
+                jobs = {b: launch(g, b, phase, work, args.timeout, str(os.getpid()), args.tied) for b in BACKENDS}
                 for b, job in jobs.items():
                     runs[b][phase] = finish(job)
                     runs[b][phase]["command"] = job["command"]

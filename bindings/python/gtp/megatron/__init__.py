@@ -8,6 +8,8 @@
     ... Megatron's own training loop, optimizer, finalize_model_grads, dist_checkpointing ...
     gtp.megatron.reset()                               # before building another model in this process
 
+Under Megatron-LM's own loop (megatron.training.pretrain): gtp.megatron.training.enable() before pretrain.
+
 Every TE layer Megatron-Core builds (te.Linear, te.LayerNormLinear, te.GroupedLinear experts) in a
 group of G > 1 then holds a libgtp shard of its weight; at G > 1 Megatron's own embedding and output
 layer go on libgtp too. In a group of one the layers are left as Megatron-Core builds them without

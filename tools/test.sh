@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # //bindings:install_test; .bazelrc forwards GTP_PYTHON into the tests.
 GTP_PYTHON="$(python3 -c 'import sys; print(sys.executable)')"
 export GTP_PYTHON
-# The Python 3.12 environment for //bindings/python:bridge_test (tools/setup.sh makes it where pyenv has 3.12).
+# The Python 3.12 environment for //bindings/python:bridge_test and :megatron_training_test (tools/setup.sh makes it where pyenv has 3.12).
 if [ -x .venv312/bin/python ]; then
   GTP_PYTHON312="$PWD/.venv312/bin/python"
   export GTP_PYTHON312

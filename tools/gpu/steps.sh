@@ -29,6 +29,7 @@ te_nvfp4          420   te    NVFP4: test_te.py -k nvfp4 (G = 1) and test_te_nvf
 megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATRON_PARTS (default gpt moe ckpt fp8 recompute), megatron_bench.json
 peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
 h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS, runs separated by semicolons)
+mlm               360   mcore bench/megatron/pretrain_gpu.py: Megatron-LM pretrain, libgtp (gtp.megatron.training.enable) against Megatron-Core GTP, G = 1 and 2 on real peers, save at 10, resume to 20 (pretrain_gpu.json; GTP_MLM_ARGS)
 rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, tests, sanitizers, benches; GTP_RIG_STEPS=REGEX picks parts
 rig_stage         300   -     one_gpu_rig_test in fresh processes, copy-engine against kernel staging (rig_stage.json)
 mg_collectives    420   -     2+ GPUs: gtp-bench all-gather BF16 and every wire, reduce-scatter FP32, one rank per GPU
@@ -308,6 +309,13 @@ step_h2h() {
       --commit "${GTP_COMMIT:-unknown}" $run
     grep -E "^h2h |^  (rank|save|load)" "$OUT_DIR/$name.log" | head -n 60
   done
+}
+
+step_mlm() {
+  # shellcheck disable=SC2086  # GTP_MLM_ARGS is a list of arguments
+  part pretrain_gpu - python3 bench/megatron/pretrain_gpu.py --json "$OUT_DIR/pretrain_gpu.json" \
+    --commit "${GTP_COMMIT:-unknown}" ${GTP_MLM_ARGS:-}
+  grep -E "^G=|^pretrain_gpu.py:" "$OUT_DIR/pretrain_gpu.log" | head -n 20
 }
 
 # The one-GPU rig (issue 23; remat/one_gpu_rig.h, docs/rig.md): G = 2, 4, 8 ranks as threads on one

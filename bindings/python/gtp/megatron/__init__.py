@@ -8,6 +8,8 @@
     ... Megatron's own training loop, optimizer, finalize_model_grads, dist_checkpointing ...
     gtp.megatron.reset()                               # before building another model in this process
 
+Under Megatron-LM's own loop (megatron.training.pretrain): gtp.megatron.training.enable() before pretrain.
+
 Every TE layer Megatron-Core builds (te.Linear, te.LayerNormLinear, te.GroupedLinear experts) in a
 group of G > 1 then holds a libgtp shard of its weight; at G > 1 Megatron's own embedding and output
 layer go on libgtp too. In a group of one the layers are left as Megatron-Core builds them without
@@ -15,12 +17,13 @@ GTP (its own GTP is inert at size 1 the same way), unless use_libgtp(machinery_a
 TE layers on libgtp at G = 1 too."""
 import torch
 
+from . import training  # Megatron-LM's pretrain on libgtp: gtp.megatron.training.enable()
 from .backend import API_NAMES, Backend, check_config
 from .param import EmbeddingWeight, MegatronParameter
 from .sizes import (MegatronSizes, check_groups, consumed_samples, derive_sizes, microbatches,
                     sizes_from_parallel_state, weight_shards_to_gtp)
 
-__all__ = ["use_libgtp", "reset", "active", "check_training", "MegatronParameter", "EmbeddingWeight", "MegatronSizes", "derive_sizes",
+__all__ = ["training", "use_libgtp", "reset", "active", "check_training", "MegatronParameter", "EmbeddingWeight", "MegatronSizes", "derive_sizes",
            "microbatches", "consumed_samples", "weight_shards_to_gtp", "sizes_from_parallel_state", "API_NAMES"]
 
 _BACKEND = None

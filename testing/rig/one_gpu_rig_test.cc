@@ -197,7 +197,10 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       cudaGraph_t graph = nullptr;
       CUDA_OK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec = nullptr;
+      // Instantiation may wait for the device while holding the context's lock (one_gpu_rig.h).
+      rig.graph_barrier(rank);
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      rig.graph_barrier(rank);
       for (int round = 0; round < 5; ++round) {
         std::vector<float> mine = values(g * count, 100 * round + rank);
         stages[rank]->upload(send, mine.data(), static_cast<std::int64_t>(mine.size()) * 4, stream);

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "remat/internal/logging_backend.h"
+#include "testing/remat/logging_backend.h"
 
 namespace gtp::remat {
 namespace {

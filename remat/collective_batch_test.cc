@@ -13,7 +13,7 @@
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 #include "remat/host_backend.h"
-#include "remat/internal/logging_backend.h"
+#include "testing/remat/logging_backend.h"
 
 namespace gtp::remat {
 namespace {

@@ -529,7 +529,7 @@ Backend::Graph CudaBackend::end_graph(Stream stream) {
   check(cudaStreamEndCapture(on(stream), &graph), "cudaStreamEndCapture (fill graph)");
   // Uploaded now, on a stream with nothing else queued, and waited for: a graph not yet uploaded is
   // uploaded by its first launch in the launch stream's order, behind whatever waits there for a peer,
-  // and on the H100 that held back graphs of other streams too (bench/rig/graph_launch_probe.cu: fills
+  // and on the H100 that held back graphs of other streams too (testing/rig/graph_launch_probe.cu: fills
   // recorded and launched at once stalled 1 run in 3 at G = 2 and 8, uploaded first 0 in 9).
   cudaGraphExec_t exec = nullptr;
   try {

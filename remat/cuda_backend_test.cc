@@ -24,8 +24,8 @@
 #include "comm/thread_bootstrap.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/reference.h"
-#include "remat/internal/cuda_reference_weights.h"
-#include "remat/internal/cuda_test_group.h"
+#include "testing/remat/cuda_reference_weights.h"
+#include "testing/remat/cuda_test_group.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

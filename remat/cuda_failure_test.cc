@@ -14,7 +14,7 @@
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
 #include "remat/device_collectives.h"
-#include "remat/internal/cuda_test_group.h"
+#include "testing/remat/cuda_test_group.h"
 
 namespace gtp::remat {
 namespace {

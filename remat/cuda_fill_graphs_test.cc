@@ -14,8 +14,8 @@
 
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
-#include "remat/internal/cuda_reference_weights.h"
-#include "remat/internal/cuda_test_group.h"
+#include "testing/remat/cuda_reference_weights.h"
+#include "testing/remat/cuda_test_group.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

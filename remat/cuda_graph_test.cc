@@ -22,7 +22,7 @@
 #include "comm/thread_bootstrap.h"
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
-#include "remat/internal/consumer_kernels.h"
+#include "testing/remat/consumer_kernels.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

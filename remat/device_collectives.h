@@ -1,6 +1,6 @@
 // DeviceCollectives: the three collectives a CudaBackend enqueues, when they do not go to NCCL.
 // NCCL (CudaGroup's communicators) is the only production transport; this interface exists so that a
-// test transport (OneGpuRig, remat/one_gpu_rig.h: G ranks as threads on one GPU) can stand in for it
+// test transport (OneGpuRig, testing/rig/one_gpu_rig.h: G ranks as threads on one GPU) can stand in for it
 // and run every multi-rank device path on one GPU. Same contract as the Backend calls of the same
 // names (remat/backend.h), per group: each call is enqueued on `stream` and completes there, ordered
 // as NCCL orders a communicator's collectives (one after another, in issue order, on every rank); the

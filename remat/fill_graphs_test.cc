@@ -15,7 +15,7 @@
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
 #include "remat/host_backend.h"
-#include "remat/internal/test_model.h"
+#include "testing/remat/test_model.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "remat/internal/logging_backend.h"
+#include "testing/remat/logging_backend.h"
 #include "remat/registry.h"
 #include "remat/runtime.h"
 

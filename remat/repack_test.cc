@@ -18,7 +18,7 @@
 #include "comm/thread_bootstrap.h"
 #include "kernels/reference.h"
 #include "remat/host_backend.h"
-#include "remat/internal/test_model.h"
+#include "testing/remat/test_model.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

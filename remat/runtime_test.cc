@@ -12,7 +12,7 @@
 
 #include "comm/internal/test_util.h"
 #include "comm/thread_bootstrap.h"
-#include "remat/internal/test_model.h"
+#include "testing/remat/test_model.h"
 
 namespace gtp::remat {
 namespace {

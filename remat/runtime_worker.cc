@@ -6,7 +6,7 @@
 
 #include "comm/host.h"
 #include "comm/ucx_bootstrap.h"
-#include "remat/internal/test_model.h"
+#include "testing/remat/test_model.h"
 
 namespace gtp::remat {
 namespace {

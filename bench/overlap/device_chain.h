@@ -1,6 +1,6 @@
-// The overlap benchmark's device side, shared by gtp-overlap-bench (libgtp through the C ABI) and
-// gtp-overlap-bench-rig (G ranks on one GPU through the one-GPU rig): device buffers and events,
-// cuBLAS GEMMs of the chain, its activations, the resident-weight source, and the timed steps.
+// The overlap benchmark's device side (gtp-overlap-bench, libgtp through the C ABI): device buffers
+// and events, cuBLAS GEMMs of the chain, its activations, the resident-weight source, and the timed
+// steps.
 #pragma once
 
 #include <cublas_v2.h>

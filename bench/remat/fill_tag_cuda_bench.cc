@@ -33,7 +33,7 @@
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
 #include "remat/fill_tags_cuda.h"
-#include "remat/internal/cuda_test_group.h"
+#include "testing/remat/cuda_test_group.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // One rank of real_peers_runtime_test, started by `gtp-launch --share-gpu -n G`: G processes that are
 // real NCCL peers on ONE GPU (docs/real-peers.md). Every case of the runtime's multi-rank scenario
-// (remat/internal/runtime_scenario.h) runs twice per rank: on the host backend over UCX (the
+// (testing/remat/runtime_scenario.h) runs twice per rank: on the host backend over UCX (the
 // reference) and on the CUDA backend over real NCCL communicators built from the same bootstrap, and
 // this rank's materialized weights and main grads must be equal bit for bit. Cases: the four wires
 // with the GEMM-ready backward and ranks holding only padding rows; undefined grads reduced every
@@ -20,7 +20,7 @@
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
 #include "remat/host_backend.h"
-#include "remat/internal/runtime_scenario.h"
+#include "testing/remat/runtime_scenario.h"
 
 namespace gtp::remat {
 namespace {

@@ -19,8 +19,7 @@ targets=(
   //remat:cuda_failure_test //bindings/c:gtp_cuda_watchdog_test
   //bench/remat:cuda_overhead_bench //bench/remat:c_abi_overhead_bench //bench/overlap:gtp-overlap-bench
   //bindings/c:libgtp.so //bindings/c:gtp_shared_use_test
-  //remat:one_gpu_rig_test //remat:one_gpu_rig_runtime_test //remat:one_gpu_rig_diverge_test
-  //bench/overlap:gtp-overlap-bench-rig //bench/rig:gtp-graph-launch-probe //bench/remat:fill_tag_rig_bench
+  //testing/rig:one_gpu_rig_test //testing/rig:one_gpu_rig_diverge_test //testing/rig:gtp-graph-launch-probe
   //tests/real_peers:runtime_worker //tests/real_peers:failure_worker //tests/real_peers:real_peers_runtime_test
   //tests/real_peers:real_peers_failure_test
 )

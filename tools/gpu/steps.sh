@@ -30,7 +30,7 @@ megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATR
 peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
 h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS, runs separated by semicolons)
 mlm               360   mcore bench/megatron/pretrain_gpu.py: Megatron-LM pretrain, libgtp (gtp.megatron.training.enable) against Megatron-Core GTP, G = 1 and 2 on real peers, save at 10, resume to 20 (pretrain_gpu.json; GTP_MLM_ARGS)
-rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, tests, sanitizers, benches; GTP_RIG_STEPS=REGEX picks parts
+rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, its collectives, divergence, sanitizers; GTP_RIG_STEPS=REGEX picks parts
 rig_stage         300   -     one_gpu_rig_test in fresh processes, copy-engine against kernel staging (rig_stage.json)
 mg_collectives    420   -     2+ GPUs: gtp-bench all-gather BF16 and every wire, reduce-scatter FP32, one rank per GPU
 mg_peer           150   -     2+ GPUs: the FSDP2 all-gather peer
@@ -257,7 +257,7 @@ PY
 # Megatron-Core's own GTP. Correctness and counts only: the ranks are time-sliced and talk over
 # loopback sockets, so no timing here means anything. GTP_PEERS_STEPS=REGEX runs only the parts whose
 # names match (h2h_g2 runtime_g2 failure diverge te train_g2 runtime_g4 h2h_g4 h2h_g4_ring train_g4
-# memcheck runtime_g8, in that order).
+# memcheck memcheck_wires runtime_g8, in that order).
 peers_part() {  # peers_part NAME LIMIT COMMAND...
   if [ -n "${GTP_PEERS_STEPS:-}" ] && ! [[ $1 =~ $GTP_PEERS_STEPS ]]; then return; fi
   part "$@"
@@ -290,6 +290,10 @@ step_peers() {
   peers_part memcheck 400 "$BIN/gtp-launch" --share-gpu -n 2 --timeout 380 -- compute-sanitizer --tool memcheck \
     --report-api-errors no --error-exitcode 9 "$BIN/runtime_worker" \
     --gtest_filter=RealPeersRuntime.KeepGatheredMatchesTheHostBackend
+  # The memcheck coverage one_gpu_rig_runtime_test had (retired): every wire, undefined grads, at G = 2.
+  peers_part memcheck_wires 400 "$BIN/gtp-launch" --share-gpu -n 2 --timeout 380 -- compute-sanitizer --tool memcheck \
+    --report-api-errors no --error-exitcode 9 "$BIN/runtime_worker" \
+    --gtest_filter='RealPeersRuntime.EveryWire*:RealPeersRuntime.UndefinedGrads*'
   peers_part runtime_g8 400 env GTP_REAL_PEERS_SIZES=8 "$BIN/real_peers_runtime_test" "$BIN/gtp-launch" \
     "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g8.gtest.json"
 }
@@ -318,10 +322,12 @@ step_mlm() {
   grep -E "^G=|^pretrain_gpu.py:" "$OUT_DIR/pretrain_gpu.log" | head -n 20
 }
 
-# The one-GPU rig (issue 23; remat/one_gpu_rig.h, docs/rig.md): G = 2, 4, 8 ranks as threads on one
-# GPU. Cheapest and most diagnostic first. GTP_RIG_STEPS=REGEX runs only the parts whose names match.
-# Output is line-buffered, so a killed part still leaves its log; a hung rig ends with the watchdog's
-# report (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
+# The one-GPU rig (issue 23; testing/rig/one_gpu_rig.h, docs/rig.md): G = 2, 4, 8 ranks as threads on
+# one GPU, a test double for NCCL kept for what real peers cannot show (docs/rig.md, "Its place now"):
+# its own collectives, the divergence cases, and every rank in one compute-sanitizer run. Cheapest and
+# most diagnostic first. GTP_RIG_STEPS=REGEX runs only the parts whose names match. Output is
+# line-buffered, so a killed part still leaves its log; a hung rig ends with the watchdog's report
+# (which rank, which communicator, issued / completed) after GTP_RIG_WATCHDOG_S.
 rig_part() {  # rig_part NAME LIMIT COMMAND...
   if [ -n "${GTP_RIG_STEPS:-}" ] && ! [[ $1 =~ $GTP_RIG_STEPS ]]; then return; fi
   part "$@"
@@ -332,53 +338,34 @@ step_rig() {
   export CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER
   export GTP_RIG_WATCHDOG_S=${GTP_RIG_WATCHDOG_S:-60}
   VERDICT="$VERDICT|flags by|one-GPU rig|^rank [0-9]"
-  local eager='*EveryWire*:*UndefinedGrads*:*KeepGathered*' tool g
+  local tool g
   # Ranks waiting for each other from CUDA graphs, by launch pattern (stalls are bounded and counted).
   rig_part probe 60 "$BIN/gtp-graph-launch-probe" --ranks 2,4,8 --repeats 3 --fills 16 --timeout-ms 2000
   grep -E "^(pattern|eager|record|prebuilt|two-branch)" "$OUT_DIR/probe.log" 2>/dev/null
   # G = 2 only, the rig's two flag modes.
   rig_part smoke_kernels 45 env GTP_RIG_FLAGS=kernels "$BIN/one_gpu_rig_test" --gtest_filter='*G1:*G2'
   rig_part smoke_memops 45 env GTP_RIG_FLAGS=memops "$BIN/one_gpu_rig_test" --gtest_filter='*G1:*G2'
-  # The rig's collectives; every multi-rank runtime path bit-compared with the host backend.
+  # The rig's collectives against their definitions.
   rig_part rig_test 90 "$BIN/one_gpu_rig_test"
-  # The runtime scenario itself runs on real NCCL peers (the peers step, docs/real-peers.md); here only
-  # under the sanitizers below, which see every rank of one process at once.
-  # Ranks that disagree (issue 21), the eager cases at G = 2, 4: every rank must report it.
+  # Ranks that disagree (issue 21), the eager cases at G = 2, 4: every rank must report it. The runtime
+  # scenario runs on real NCCL peers (the peers step, docs/real-peers.md).
   rig_part rig_diverge 90 "$BIN/one_gpu_rig_diverge_test" --gtest_filter='-*FillGraph*'
-  # Reduce-scatter exposure in backward: the current grad_buffer order against the old one (rs-wait).
-  rig_part overlap_rig 90 "$BIN/gtp-overlap-bench-rig" --ranks 4 --m 2048 --n 4096 --k 4096 --layers 8 \
-    --wires bf16,fp8 --depths 1 --iters 10 --warmup 3 --json "$OUT_DIR/overlap_rig_bench.json"
-  grep -E "^(rs-wait|current|rig flags|gtp-overlap-bench-rig)" "$OUT_DIR/overlap_rig.log" 2>/dev/null
-  # Host time per call at G = 1, 2, 4 (eager fills, one rig all-gather). A test transport's figures.
-  rig_part fill_tag_rig 120 "$BIN/fill_tag_rig_bench" --cases rig_gather,eager --json "$OUT_DIR/fill_tag_rig_bench.json"
-  grep -E "FAILED:|not run|NOT all" "$OUT_DIR/fill_tag_rig.log" 2>/dev/null | cut -c1-400
-  sed -n '/^host us per call/,$p' "$OUT_DIR/fill_tag_rig.log" 2>/dev/null
   # Host-rendezvous flags (GTP_RIG_FLAGS=host: what the sanitizer parts use).
-  rig_part rig_runtime_host 90 env GTP_RIG_FLAGS=host "$BIN/one_gpu_rig_runtime_test" --gtest_filter="$eager"
   rig_part rig_diverge_host 90 env GTP_RIG_FLAGS=host "$BIN/one_gpu_rig_diverge_test" --gtest_filter='-*FillGraph*'
   # compute-sanitizer runs kernels one at a time: spinning flags deadlock there, and host-rendezvous
   # collectives cannot be captured, so eager cases with host flags (API errors reported: no NCCL here).
+  # One run sees every rank (threads of one process).
   rig_part rig_test_memcheck 120 env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/one_gpu_rig_test" --gtest_filter='*MatchTheirDefinitions*:*Interleave*'
-  rig_part rig_runtime_memcheck 150 env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$BIN/one_gpu_rig_runtime_test" --gtest_filter="${eager//\*:/*G2:}*G2:*EveryWire*G4"
   rig_part rig_diverge_memcheck 150 env GTP_RIG_FLAGS=host compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$BIN/one_gpu_rig_diverge_test" --gtest_filter='*G2:*AnotherWeight*G4-*FillGraph*'
   for tool in racecheck synccheck; do
-    rig_part "rig_runtime_$tool" 90 env GTP_RIG_FLAGS=host compute-sanitizer --tool $tool --error-exitcode 9 \
-      "$BIN/one_gpu_rig_runtime_test" --gtest_filter='*EveryWire*G2:*KeepGathered*G2'
+    rig_part "rig_diverge_$tool" 90 env GTP_RIG_FLAGS=host compute-sanitizer --tool $tool --error-exitcode 9 \
+      "$BIN/one_gpu_rig_diverge_test" --gtest_filter='*G2-*FillGraph*'
   done
-  rig_part overlap_rig_g8 60 "$BIN/gtp-overlap-bench-rig" --ranks 8 --m 1024 --n 4096 --k 4096 --layers 8 --wires bf16 \
-    --depths 1 --iters 10 --warmup 3 --json "$OUT_DIR/overlap_rig_bench_g8.json"
-  grep -E "^(rs-wait|current)" "$OUT_DIR/overlap_rig_g8.log" 2>/dev/null
   for g in 2 4; do  # each G in its own process: a stall's trap would fail every later case in one
     rig_part "rig_diverge_graphs_g$g" 60 "$BIN/one_gpu_rig_diverge_test" --gtest_filter="*FillGraph*G$g"
   done
-  # The fill-graph launches, after the eager ones: a stall is bounded by the rig's 30 s spin timeout.
-  rig_part fill_tag_rig_graphs 120 "$BIN/fill_tag_rig_bench" --cases fill_graph \
-    --json "$OUT_DIR/fill_tag_rig_bench_graphs.json"
-  grep -E "FAILED:|not run|NOT all" "$OUT_DIR/fill_tag_rig_graphs.log" 2>/dev/null | cut -c1-400
-  sed -n '/^host us per call/,$p' "$OUT_DIR/fill_tag_rig_graphs.log" 2>/dev/null
 }
 
 # Do one_gpu_rig_test's stalls come from its staged copies sharing copy-engine queues (docs/rig.md)?

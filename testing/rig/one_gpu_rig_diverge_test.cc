@@ -1,5 +1,5 @@
 // Ranks that disagree (issue 21) between real CUDA peers, on ONE GPU through the one-GPU rig (a test
-// double for NCCL, remat/one_gpu_rig.h): G = 2 and 4 rig ranks run the real Runtime on CudaBackend and
+// double for NCCL, one_gpu_rig.h): G = 2 and 4 rig ranks run the real Runtime on CudaBackend and
 // disagree, and every rank must get DivergenceError (not success, not a hang, not a crash) at its
 // first call after the device ran the fill-tag check, naming the differing ranks exactly as the host
 // backend's message does (the same script on G host ranks is the reference). Cases: a rank registers
@@ -28,8 +28,8 @@
 #include "remat/cuda_backend.h"
 #include "remat/divergence.h"
 #include "remat/host_backend.h"
-#include "remat/internal/rig_ranks.h"
-#include "remat/one_gpu_rig.h"
+#include "testing/rig/rig_ranks.h"
+#include "testing/rig/one_gpu_rig.h"
 #include "remat/runtime.h"
 
 namespace gtp::remat {

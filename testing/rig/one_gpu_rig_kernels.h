@@ -1,4 +1,4 @@
-// The one-GPU rig's device code (remat/one_gpu_rig.h): flag rounds by kernel, and the data movement
+// The one-GPU rig's device code (one_gpu_rig.h): flag rounds by kernel, and the data movement
 // of each collective. Every rank passes its communicator's pointer table (`ptrs`, one per group rank)
 // and its own group rank.
 #pragma once

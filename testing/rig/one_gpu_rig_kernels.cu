@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "remat/internal/one_gpu_rig_kernels.h"
+#include "testing/rig/one_gpu_rig_kernels.h"
 
 namespace gtp::remat::rig {
 namespace {

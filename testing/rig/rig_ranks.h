@@ -1,4 +1,4 @@
-// Ranks as threads for the one-GPU rig's tests and benchmark: one function per rank, and a watchdog.
+// Ranks as threads for the one-GPU rig's tests: one function per rank, and a watchdog.
 // A rig collective that a peer never joins waits forever when flags are stream memory operations, so
 // instead of hanging, the watchdog prints what it knows and ends the process with status 3.
 #pragma once
@@ -23,8 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "remat/internal/one_gpu_rig_kernels.h"
-#include "remat/one_gpu_rig.h"
+#include "testing/rig/one_gpu_rig_kernels.h"
+#include "testing/rig/one_gpu_rig.h"
 
 namespace gtp::remat::testing {
 

@@ -1,4 +1,4 @@
-#include "remat/one_gpu_rig.h"
+#include "testing/rig/one_gpu_rig.h"
 
 #include <cuda.h>
 
@@ -12,7 +12,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "remat/internal/one_gpu_rig_kernels.h"
+#include "testing/rig/one_gpu_rig_kernels.h"
 
 namespace gtp::remat {
 namespace {

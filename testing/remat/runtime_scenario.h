@@ -2,8 +2,8 @@
 // ranks hold only padding rows), several steps of forward and backward materializes with wgrads
 // written or added into grad buffers and finalized, re-packs in varying orders, optionally
 // keep_gathered, fill graphs, two groups, a step captured into a CUDA graph and replayed. Every rank
-// records what it materialized and its main grads, so a device run (real NCCL peers, or the one-GPU
-// rig) is compared bit for bit with the host backend's run of the same case. Test code.
+// records what it materialized and its main grads, so a device run (real NCCL peers) is compared bit
+// for bit with the host backend's run of the same case. Test code.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -68,14 +68,12 @@ struct Seen {
 
 // How a device run moves the test's data, all ordered on `stream` (the consumer stream): uploads from
 // host memory, downloads that land in host memory at sync(), and sync() waiting for `stream` only
-// (never the device: a peer may be waiting for this rank). `around_instantiate` (may be empty) runs
-// before and after the captured step's cudaGraphInstantiate: the one-GPU rig's graph barrier.
+// (never the device: a peer may be waiting for this rank).
 struct ScenarioDevice {
   cudaStream_t stream = nullptr;
   std::function<void(void* dst, const void* src, std::int64_t bytes)> upload;
   std::function<void(void* dst, const void* src, std::int64_t bytes)> download;
   std::function<void()> sync;
-  std::function<void()> around_instantiate;
 };
 
 // Runs case `c` as rank `rank` on `backend`: host memory when `device` is null, else device memory

@@ -1,4 +1,4 @@
-#include "remat/internal/consumer_kernels.h"
+#include "testing/remat/consumer_kernels.h"
 
 #include <stdexcept>
 #include <string>

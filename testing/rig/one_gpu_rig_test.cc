@@ -1,8 +1,8 @@
-// The one-GPU rig (a test double for NCCL, remat/one_gpu_rig.h) itself: its three collectives against
-// their definitions for G = 1, 2, 4, 8 (in place and not, odd sizes, two groups whose communicators
+// The one-GPU rig (a test double for NCCL, one_gpu_rig.h) itself: its three collectives against their
+// definitions for G = 1, 2, 4, 8 (in place and not, odd sizes, two groups whose communicators
 // interleave), eagerly and captured into a CUDA graph replayed between eager calls; its argument
-// checks. Skips without a GPU, printing why. The runtime on the rig: one_gpu_rig_runtime_test.cc.
-#include "remat/one_gpu_rig.h"
+// checks. Skips without a GPU, printing why. The runtime on the rig: one_gpu_rig_diverge_test.cc.
+#include "testing/rig/one_gpu_rig.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@
 
 #include "kernels/cuda_kernels.h"
 #include "remat/cuda_backend.h"
-#include "remat/internal/rig_ranks.h"
+#include "testing/rig/rig_ranks.h"
 
 namespace gtp::remat {
 namespace {
@@ -197,7 +197,10 @@ TEST(OneGpuRig, CapturedCollectivesReplayBetweenEagerOnes) {
       cudaGraph_t graph = nullptr;
       CUDA_OK(cudaStreamEndCapture(stream, &graph));
       cudaGraphExec_t exec = nullptr;
+      // Instantiation may wait for the device while holding the context's lock (one_gpu_rig.h).
+      rig.graph_barrier(rank);
       CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+      rig.graph_barrier(rank);
       for (int round = 0; round < 5; ++round) {
         std::vector<float> mine = values(g * count, 100 * round + rank);
         stages[rank]->upload(send, mine.data(), static_cast<std::int64_t>(mine.size()) * 4, stream);

@@ -1,8 +1,7 @@
 // OneGpuRig: a TEST DOUBLE for NCCL. It runs G ranks as threads of one process on ONE GPU, so that the
 // CUDA backend's multi-rank paths (reduce-scatters, padding-only ranks, the pooled grads, fill graphs
 // and captures with real peers) run, under compute-sanitizer too, on a machine with a single GPU.
-// NCCL stays the only production transport: nothing outside tests and the overlap benchmark's rig
-// mode builds one (docs/rig.md).
+// NCCL stays the only production transport: nothing outside testing/rig/ builds one (docs/rig.md).
 //
 // Each rank owns a CudaBackend (its own streams, events and device buffers) built with
 // `transport(rank)`. A collective is enqueued on the calling rank's stream only, as NCCL's:
@@ -37,7 +36,7 @@
 // submission order: enough queues for G <= 8 ranks of three streams); a rank's backend allocates
 // through its transport from an arena the rig allocated up front, never with cudaMalloc / cudaFree,
 // which may wait for the device. Tests must not synchronize the device either (they allocate from
-// the transport too; internal/rig_ranks.h has a watchdog that prints `progress_report()`).
+// the transport too; rig_ranks.h has a watchdog that prints `progress_report()`).
 //
 // Rules (as NCCL's): every rank of a communicator issues the same collectives in the same order with
 // the same sizes; a rank issues one communicator's collectives on one stream (checked: a second
@@ -65,7 +64,7 @@ class OneGpuRig {
   // a bad partition, std::runtime_error when CUDA fails or kStreamMemOps is asked for and missing.
   // Not thread-safe itself: build it, then hand transport(r) to each rank's thread.
   // kKernels (the default) bounds every wait by `spin_timeout`; kStreamMemOps cannot time out (the
-  // watchdog of internal/rig_ranks.h then reports); kAuto: stream memory operations where usable.
+  // watchdog of rig_ranks.h then reports); kAuto: stream memory operations where usable.
   // Each rank's device memory (its backend's, through DeviceCollectives::allocate, and its test's) is
   // a slice of `arena_bytes_per_rank` allocated here, before any rank runs.
   OneGpuRig(int device, int world, std::vector<std::vector<std::vector<int>>> groups = {},

@@ -1,6 +1,6 @@
 // graph_launch_probe: which ways of launching CUDA graphs let G ranks that share ONE GPU (threads of one
 // process, each with its own stream) wait for each other on the device, as the one-GPU rig's flag
-// kernels do (remat/one_gpu_rig.h). The rig's eager collectives pass at G = 2..8, while the runtime's
+// kernels do (one_gpu_rig.h). The rig's eager collectives pass at G = 2..8, while the runtime's
 // fill graphs and captured steps stalled until instantiation was fenced (docs/rig.md); this separates the launch
 // patterns. Each "fill" is what a rig fill graph holds: a tiny kernel (the fill tag's write), then K
 // collectives, each an arrival round of one-thread flag kernels, a data kernel and a departure round.

@@ -1,4 +1,4 @@
-#include "remat/internal/runtime_scenario.h"
+#include "testing/remat/runtime_scenario.h"
 
 #include <gtest/gtest.h>
 
@@ -230,9 +230,7 @@ Seen run_scenario_rank(Backend& backend, const ScenarioDevice* dev, int rank, co
       cudaGraphInstantiateParams params{};
       params.flags = cudaGraphInstantiateFlagUpload;
       params.uploadStream = stream;
-      if (dev->around_instantiate) dev->around_instantiate();
       EXPECT_EQ(cudaGraphInstantiateWithParams(&exec, graph, &params), cudaSuccess);
-      if (dev->around_instantiate) dev->around_instantiate();
       cudaGraphDestroy(graph);
       EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     } else {

@@ -13,7 +13,7 @@ Sides (--sides):
                (no libgtp call when nothing is registered); inert / off_ctx - 1 is the per-step Python
   machinery    the same with machinery_at_g1=True: every weight gathered through libgtp's size-1 group,
                its wgrad through libgtp's grad buffer and finalize
-  megatron     Megatron-Core 0.19.2's own GTP forced to run its machinery at G = 1 (megatron_gtp_g1.py:
+  megatron     Megatron-Core 0.19.2's own GTP forced to run its machinery at G = 1 (bench/megatron/megatron_gtp_g1.py:
                attached to the te.Linear layers, TE's size-1 gather / reduce-scatter replaced in
                Megatron's module by ones that run the NCCL collective into Megatron's buffers); needs
                megatron-core and a torch.distributed NCCL group of one (made here); BF16 shards, so
@@ -47,8 +47,12 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bindings", "python"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_HERE, "..", "..", "bindings", "python"))
+sys.path.insert(0, os.path.join(_HERE, "..", "megatron"))  # megatron_gtp_g1 (the megatron side)
+sys.path.insert(0, os.path.join(_HERE, "..", "python"))    # host_timer
 import gtp.torch as gt  # noqa: E402
+from host_timer import HostTimer  # noqa: E402
 
 SIDES = ("off", "off_control", "off_ctx", "inert", "machinery", "megatron")
 DEFAULT_SIDES = ("off", "off_control", "inert", "machinery")  # what tools/gpu step te_stack has always stepped
@@ -194,35 +198,6 @@ def parity(te, recipe, built, xs):
         raise RuntimeError(f"megatron side differs from GTP off ({result['megatron']}): its machinery at G = 1 "
                            "(megatron_gtp_g1) is not what GTP off computes, so its timings would mean nothing")
     return result, kept
-
-
-class HostTimer:
-    """Wraps callables on objects (instance attributes shadow the class's methods) and sums their
-    time.perf_counter time per name."""
-
-    def __init__(self):
-        self.seconds, self.calls, self._wrapped = {}, {}, []
-
-    def wrap(self, obj, name, label=None):
-        label = label or name
-        inner = getattr(obj, name)
-        self.seconds.setdefault(label, 0.0)
-        self.calls.setdefault(label, 0)
-
-        def timed_call(*a, **kw):
-            start = time.perf_counter()
-            try:
-                return inner(*a, **kw)
-            finally:
-                self.seconds[label] += time.perf_counter() - start
-                self.calls[label] += 1
-        setattr(obj, name, timed_call)
-        self._wrapped.append((obj, name))
-
-    def unwrap(self):
-        for obj, name in self._wrapped:
-            delattr(obj, name)
-        self._wrapped.clear()
 
 
 def host_time(te, recipe, side, xs, steps, declare_zeroed):
@@ -408,7 +383,7 @@ def main():
     if "megatron" in sides:
         try:
             megatron_version = importlib.metadata.version("megatron-core")
-            __import__("megatron_gtp_g1")  # beside this file; imports Megatron's GTP module
+            __import__("megatron_gtp_g1")  # bench/megatron; imports Megatron's GTP module
         except ImportError as e:
             sys.exit(f"te_stack_bench: --sides names megatron but Megatron-Core's GTP does not import ({e}); "
                      "install megatron-core 0.19.2 (tools/constraints.txt) or leave megatron out")

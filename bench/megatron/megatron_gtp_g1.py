@@ -13,10 +13,14 @@ those two functions by ones that at world size 1 run the collective TE runs at w
 (torch.distributed all_gather_into_tensor / reduce_scatter_tensor, NCCL over the size-1 group) into
 the buffer Megatron passes; at world size > 1 they are TE's own. attach_te_stack() attaches Megatron's
 GTP to plain te.Linear layers as _init_gtp_remat_context does at size > 1 (the weight already is the
-whole shard at G = 1). The benchmarks that use them check that the losses and main grads equal GTP
+whole shard at G = 1); attaching_at_g1() makes Megatron's own TE layers (GPTModel's) attach in a group
+of one while it is entered. The benchmarks that use them check that the losses and main grads equal GTP
 off's (te_stack_bench: "parity")."""
+import contextlib
+
 import torch
 
+from megatron.core.extensions import transformer_engine as mte
 from megatron.core.tensor_parallel import generalized_tensor_parallelism as mgtp
 
 _TE_GATHER = mgtp.gather_along_first_dim
@@ -54,6 +58,38 @@ def force_machinery_at_g1():
     """Installs the two replacements in Megatron's GTP module (idempotent; for this process)."""
     mgtp.gather_along_first_dim = _gather_written_at_g1
     mgtp.reduce_scatter_along_first_dim = _reduce_scatter_written_at_g1
+
+
+@contextlib.contextmanager
+def _attach_in_any_group(module, output_size, gtp_remat_group, extra_kwargs, *, is_expert=False, is_grouped=False,
+                         rng_via_kwarg=True, out_split_size=1):
+    """Megatron's _init_gtp_remat_context, attaching in a group of one too. Its _gtp_pre_init is left
+    out: at G = 1 the shard is the whole weight (no padding: refused otherwise), and the weight is
+    initialized from GTP off's RNG stream instead of the GTP one, so the model starts where GTP off's does."""
+    del extra_kwargs, is_expert, rng_via_kwarg  # only _gtp_pre_init reads them
+    if gtp_remat_group is None:
+        yield output_size
+        return
+    if gtp_remat_group.size() != 1:
+        raise RuntimeError(f"attaching_at_g1 builds models at G = 1; this group has {gtp_remat_group.size()} ranks")
+    _, pad = mgtp.gtp_remat_shard_dim0(output_size // out_split_size, gtp_remat_group)
+    if pad:
+        raise ValueError(f"{type(module).__name__}: {output_size} output rows would be padded by {pad} at G = 1; "
+                         f"use sizes that are multiples of GTP_CONFIG.pad_for_alignment ({mgtp.GTP_CONFIG.pad_for_alignment})")
+    yield output_size
+    mte._gtp_attach_post_init(module, (gtp_remat_group, 0, output_size), is_grouped=is_grouped)
+
+
+@contextlib.contextmanager
+def attaching_at_g1():
+    """While entered, Megatron's TE layers attach its GTP in a group of one (build the model inside)."""
+    force_machinery_at_g1()
+    original = mte._init_gtp_remat_context
+    mte._init_gtp_remat_context = _attach_in_any_group
+    try:
+        yield
+    finally:
+        mte._init_gtp_remat_context = original
 
 
 def reset():

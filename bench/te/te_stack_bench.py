@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -305,6 +306,9 @@ def run_config(te, args, sides, mode, microbatches, keep, store_dir, declare_zer
     if "machinery" in sides:  # the fields tools/plot_results.py reads (GTP on = the machinery)
         result["step_ratio"] = result["ratio_to_off"]["machinery"]
         result["libgtp_peak_bytes"] = result["machinery"]["libgtp_peak_bytes"]
+    if "megatron" in sides:  # its chains and cache hold the stack otherwise
+        import megatron_gtp_g1
+        megatron_gtp_g1.reset()
     built.clear()
     gc.collect()
     torch.cuda.empty_cache()
@@ -388,26 +392,6 @@ def main():
             sys.exit(f"te_stack_bench: --sides names megatron but Megatron-Core's GTP does not import ({e}); "
                      "install megatron-core 0.19.2 (tools/constraints.txt) or leave megatron out")
     results = []
-    with tempfile.TemporaryDirectory() as store_dir:
-        for mode in args.modes.split(","):
-            for microbatches in [int(m) for m in args.microbatches.split(",")]:
-                for keep, zeroed in [(k == "on", d == "on") for k in args.keep.split(",") for d in declare]:
-                    r = run_config(te, args, sides, mode, microbatches, keep, store_dir, zeroed)
-                    ratios = ", ".join(f"{s} {r['ratio_to_off'][s]:.4f}" for s in sides if s != "off")
-                    print(f"{mode:5s} B={microbatches} keep={'on ' if keep else 'off'} zeroed={'on ' if zeroed else 'off'}: "
-                          f"off {r['step_ms']['off']:.2f} ms; / off: {ratios}; control spread "
-                          f"{r.get('control_spread', 0):.4f}; {r['steps_measured']} steps", flush=True)
-                    if r.get("machinery_overhead_over_megatron") is not None:
-                        print(f"      machinery overhead / megatron's: {r['machinery_overhead_over_megatron']:.3f} "
-                              "(target <= 0.8)", flush=True)
-                    for side, host in r["host"].items():
-                        print(f"      host us per weight per microbatch, {side}: {host['total_us']:.1f} "
-                              + " ".join(f"{k} {v:.1f}" for k, v in host["us_per_weight_per_microbatch"].items()),
-                              flush=True)
-                    print("      model MiB: " + ", ".join(f"{s} {r['model_bytes'][s] / 2**20:.0f}" for s in sides)
-                          + "; parity max loss rel: " + ", ".join(f"{s} {r['parity'][s]['max_loss_rel']:.1e}"
-                                                                   for s in sides), flush=True)
-                    results.append(r)
     doc = {"benchmark": "te_stack_bench", "machine": torch.cuda.get_device_name(), "commit": commit(args.commit),
            "command": command_line(), "prediction": args.prediction, "torch": torch.__version__,
            "transformer_engine": importlib.metadata.version("transformer_engine"), "megatron_core": megatron_version,
@@ -416,9 +400,46 @@ def main():
            "stream_priority": args.stream_priority, "declare_zeroed": args.declare_zeroed,
            "steps": args.steps, "max_steps": args.max_steps, "control_target": args.control_target,
            "warmup": args.warmup, "configs": results}
+    failed = False
+    with tempfile.TemporaryDirectory() as store_dir:
+        for mode in args.modes.split(","):
+            for microbatches in [int(m) for m in args.microbatches.split(",")]:
+                for keep, zeroed in [(k == "on", d == "on") for k in args.keep.split(",") for d in declare]:
+                    try:
+                        r = run_config(te, args, sides, mode, microbatches, keep, store_dir, zeroed)
+                    except Exception:  # recorded; the other configurations still run
+                        failed = True
+                        r = {"mode": mode, "microbatches": microbatches, "keep_gathered": keep,
+                             "declare_zeroed": zeroed, "error": traceback.format_exc()}
+                        print(f"{mode:5s} B={microbatches}: error\n{r['error']}", flush=True)
+                        results.append(r)
+                        gc.collect()
+                        torch.cuda.empty_cache()
+                        continue
+                    report(r, sides, mode, microbatches, keep, zeroed)
+                    results.append(r)
+                    with open(args.json, "w") as f:  # after each configuration: a later failure keeps it
+                        json.dump(doc, f, indent=1)
     with open(args.json, "w") as f:
         json.dump(doc, f, indent=1)
+    if failed:
+        sys.exit("te_stack_bench: a configuration failed (its error is in the JSON)")
 
+
+def report(r, sides, mode, microbatches, keep, zeroed):
+    ratios = ", ".join(f"{s} {r['ratio_to_off'][s]:.4f}" for s in sides if s != "off")
+    print(f"{mode:5s} B={microbatches} keep={'on ' if keep else 'off'} zeroed={'on ' if zeroed else 'off'}: "
+          f"off {r['step_ms']['off']:.2f} ms; / off: {ratios}; control spread "
+          f"{r.get('control_spread', 0):.4f}; {r['steps_measured']} steps", flush=True)
+    if r.get("machinery_overhead_over_megatron") is not None:
+        print(f"      machinery overhead / megatron's: {r['machinery_overhead_over_megatron']:.3f} (target <= 0.8)",
+              flush=True)
+    for side, host in r["host"].items():
+        print(f"      host us per weight per microbatch, {side}: {host['total_us']:.1f} "
+              + " ".join(f"{k} {v:.1f}" for k, v in host["us_per_weight_per_microbatch"].items()), flush=True)
+    print("      model MiB: " + ", ".join(f"{s} {r['model_bytes'][s] / 2**20:.0f}" for s in sides)
+          + "; parity max loss rel: " + ", ".join(f"{s} {r['parity'][s]['max_loss_rel']:.1e}" for s in sides),
+          flush=True)
 
 if __name__ == "__main__":
     main()

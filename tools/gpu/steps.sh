@@ -25,6 +25,7 @@ python            300   -     gtp.torch CUDA tests (pytest) and train_gpt.py on 
 te_tests          360   te    TransformerEngine on libgtp: pytest test_te.py, test_te_protocol.py, test_te_nvfp4_g2.py
 te_memcheck       420   te    compute-sanitizer memcheck over one TE case per layer (BF16 and the FP8 wire)
 te_stack          300   te    bench/te/te_stack_bench.py: 8 x te.Linear(8192, 8192), G = 1: off, off control, inert, machinery (te_stack_bench.json); GTP_TE_BENCH_ARGS
+g1_machinery      330   mcore issue 41 parts 1, 2 at G = 1: te_stack_bench.py (off, control, off_ctx, inert, libgtp machinery, Megatron-Core GTP forced to its machinery; BF16, FP8; B = 4, keep on; g1_machinery.json, GTP_G1_ARGS) and g1_machinery_gpt.py (GPTModel, libgtp and megatron each against its GTP-off pair; g1_gpt_*.json)
 te_nvfp4          420   te    NVFP4: test_te.py -k nvfp4 (G = 1) and test_te_nvfp4_g2.py (G = 2, two GPUs)
 megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATRON_PARTS (default gpt moe ckpt fp8 recompute), megatron_bench.json
 peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
@@ -215,6 +216,20 @@ step_te_stack() {
   part te_stack_bench - python3 bench/te/te_stack_bench.py --json "$OUT_DIR/te_stack_bench.json" \
     --commit "$GTP_COMMIT" ${GTP_TE_BENCH_ARGS:-}
   tail -n 20 "$OUT_DIR/te_stack_bench.log"
+}
+
+step_g1_machinery() {
+  # shellcheck disable=SC2086  # GTP_G1_ARGS is a list of arguments
+  local impl
+  part g1_machinery 180 python3 bench/te/te_stack_bench.py --sides off,off_control,off_ctx,inert,machinery,megatron \
+    --modes bf16,fp8 --microbatches 4 --keep on --steps 30 --max-steps 60 \
+    --json "$OUT_DIR/g1_machinery.json" --commit "$GTP_COMMIT" ${GTP_G1_ARGS:-}
+  grep -E "^(bf16|fp8)|machinery overhead|host us|model MiB|Error|error" "$OUT_DIR/g1_machinery.log" | head -n 40
+  for impl in libgtp megatron; do
+    part "g1_gpt_$impl" 75 python3 bench/megatron/g1_machinery_gpt.py --impl "$impl" \
+      --json "$OUT_DIR/g1_gpt_$impl.json" --commit "$GTP_COMMIT"
+    grep -E "^(libgtp|megatron):|host us|Error|error" "$OUT_DIR/g1_gpt_$impl.log" | head -n 10
+  done
 }
 
 step_te_nvfp4() {  # the G = 2 test skips, saying so, on one GPU

@@ -12,6 +12,8 @@ _PROFILE_GROUPS = {"gtp_remat": "gtp_remat", "expert_gtp_remat": "expt_gtp_remat
 
 def integer(value, what, low, high):
     """`value` as an int in [low, high], checked before ctypes would silently truncate it."""
+    if type(value) is int and low <= value <= high:  # the hot path's case, without the ABC checks below
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what}={value!r} is not an integer")
     if not low <= int(value) <= high:

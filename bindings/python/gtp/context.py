@@ -154,6 +154,7 @@ class Weight:
     def __init__(self, context, handle, name, rows, cols, wire, group, geometry, keep_alive, nvfp4_2d=False,
                  mx_rounding="rceil"):
         self.context, self.handle, self.name = context, handle, name
+        self._handle_array = (_lib.gtp_weight_t * 1)(handle)  # what a call naming only this weight passes
         self.rows, self.cols, self.wire, self.group, self.geometry = rows, cols, wire, group, geometry
         self.nvfp4_2d, self.mx_rounding = nvfp4_2d, mx_rounding
         self._keep_alive = keep_alive
@@ -470,6 +471,8 @@ class Context:
     @staticmethod
     def _handles(weights):
         weights = list(weights)
+        if len(weights) == 1 and isinstance(weights[0], Weight):  # the hot path: one array per weight, built once
+            return weights[0]._handle_array, 1
         array = (_lib.gtp_weight_t * len(weights))(*[w.handle for w in weights])
         return array, len(weights)
 

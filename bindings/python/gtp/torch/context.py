@@ -35,6 +35,9 @@ class _CudaArray:
 # __cuda_array_interface__ typestr per dtype; it has no bfloat16, so BF16 is wrapped as int16 and reinterpreted.
 _TYPESTRS = {torch.bfloat16: "<i2", torch.float32: "<f4", torch.uint8: "|u1"}
 _MAX_VIEWS = 4096
+# torch's current CUDA stream of a device as its raw cudaStream_t (what torch.cuda.current_stream(d).cuda_stream
+# gives, without building the Stream object); None in a torch without it.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # Section element types (gtp.Section.dtype) as tensors: codes and scales are raw bytes, as TE keeps them.
 SECTION_DTYPES = {"bf16": torch.bfloat16, "e4m3": torch.uint8, "e2m1": torch.uint8, "e8m0": torch.uint8,
                   "fp32": torch.float32}
@@ -84,6 +87,8 @@ class Context(core.Context):
         else:
             self.device = torch.device("cpu")
             super().__init__(store, rank, world_size, backend=backend, grad_ready=self._route_grad_ready, **kwargs)
+        self._cuda = self.device.type == "cuda"
+        self._device_index = self.device.index if self._cuda else None
         self.auto_drain = auto_drain
         self.machinery_at_g1 = bool(machinery_at_g1)
         self._ready = []            # host: parameters whose main-grad add ran since the last drain
@@ -126,8 +131,14 @@ class Context(core.Context):
         return view
 
     def stream(self):
-        """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host."""
-        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else None
+        """The stream libgtp enqueues on: torch's current stream on CUDA, NULL (None) on the host. Called
+        several times per weight per microbatch: the raw handle, without the torch.cuda.Stream object
+        torch.cuda.current_stream builds."""
+        if not self._cuda:
+            return None
+        if _RAW_STREAM is not None and self._device_index is not None:
+            return _RAW_STREAM(self._device_index)
+        return torch.cuda.current_stream(self.device).cuda_stream
 
     def materialize_views(self, weights, phase="forward", model_chunk=0, layout="gemm", stream=None):
         """gtp.Context.materialize_views on the current stream, every section also a tensor
@@ -203,7 +214,7 @@ class Context(core.Context):
         # The host backend has run every callback by now. On CUDA the adds are only enqueued: every
         # parameter finalized since the last drain has its add ordered before the current stream's
         # next work (drain joined it), so its grad moves there, and its hooks run here.
-        cuda = self.device.type == "cuda"
+        cuda = self._cuda
         if cuda:
             ready, self._finalized = self._finalized, []
         else:
@@ -233,7 +244,7 @@ class Context(core.Context):
     def note_finalized(self, params, reduced=True):
         """Called by ShardedParameter.finalize_group_grads: on CUDA, drain() moves the grads of those that
         were reduced (not kept for the next microbatch)."""
-        if self.device.type == "cuda" and reduced:
+        if self._cuda and reduced:
             self._finalized.extend(params)
 
     def last_microbatch(self):

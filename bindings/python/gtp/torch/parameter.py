@@ -51,6 +51,7 @@ class ShardedParameter(torch.nn.Parameter):
         param._main_grad_target = None  # a tensor the caller assigned to main_grad, if any
         param._grad_ready_hooks = []
         param._wgrad_target = None  # what grad_buffer() handed out since the last finalize
+        param._wgrad_target_is_buffer = False  # ... and whether that is libgtp's buffer itself (not a scratch)
         param._into_main_grad = False  # the last finalize's wgrad was written into grad_buffer()
         param.gtp_weight = context.register(
             name, shard.data_ptr() if geometry.valid_rows > 0 else None, rows, cols, dtype=_DTYPES[shard.dtype],
@@ -164,6 +165,7 @@ class ShardedParameter(torch.nn.Parameter):
         if self._wgrad_target is None:
             buffer, overwrite = self.wgrad_buffer(separate=True)
             self._wgrad_target = buffer if overwrite else torch.empty_like(buffer)
+            self._wgrad_target_is_buffer = overwrite
         return self._wgrad_target
 
     def wgrad_buffer(self, separate=False):
@@ -197,10 +199,13 @@ class ShardedParameter(torch.nn.Parameter):
             last_microbatch = self.context.last_microbatch()
         for member, wgrad in zip(self.group_members, wgrads):
             handed_out, member._wgrad_target = member._wgrad_target, None
+            is_buffer, member._wgrad_target_is_buffer = member._wgrad_target_is_buffer, False
             member._into_main_grad = (wgrad is not None and handed_out is not None
                                       and wgrad.data_ptr() == handed_out.data_ptr())
             if wgrad is None:
                 continue
+            if is_buffer and wgrad.data_ptr() == handed_out.data_ptr():
+                continue  # written into libgtp's buffer itself, which grad_buffer() handed out: nothing to move
             buffer, overwrite = member.wgrad_buffer()
             if wgrad.data_ptr() == buffer.data_ptr():
                 continue

@@ -30,13 +30,18 @@ GEMM_LAYOUTS = (FP8_CURRENT, NVFP4_2D, MXFP8_ROWWISE)  # served from the GEMM-re
 _TE_MODULES = os.sep + os.path.join("transformer_engine", "pytorch", "module") + os.sep
 
 
+_FP8_STATE = []  # TE's FP8GlobalStateManager, once TE is imported
+
+
 def _active_recipe():
     """TE's active recipe while TE quantizes (autocast), else None; None also when TE is not imported."""
-    te = sys.modules.get("transformer_engine.pytorch")
-    if te is None:
-        return None
-    from transformer_engine.pytorch.quantization import FP8GlobalStateManager
-    return FP8GlobalStateManager.get_fp8_recipe() if FP8GlobalStateManager.is_fp8_enabled() else None
+    if not _FP8_STATE:  # looked up once: an import statement costs microseconds on every materialize
+        if sys.modules.get("transformer_engine.pytorch") is None:
+            return None
+        from transformer_engine.pytorch.quantization import FP8GlobalStateManager
+        _FP8_STATE.append(FP8GlobalStateManager)
+    manager = _FP8_STATE[0]
+    return manager.get_fp8_recipe() if manager.is_fp8_enabled() else None
 
 
 def phase_recipe(param, phase):

@@ -1,6 +1,7 @@
-"""Checks of values the package hands to libgtp: integer ranges ctypes would silently truncate, and the
-profile's group wires (what wire="from_group" resolves to)."""
+"""Checks of values the package hands to libgtp: names of enum values, integer ranges ctypes would
+silently truncate, timeouts, C strings, and the profile's group wires (what wire="from_group" resolves to)."""
 import json
+import math
 import numbers
 import os
 import stat
@@ -8,6 +9,13 @@ import stat
 INT32_MAX, INT64_MAX, UINT64_MAX = 2**31 - 1, 2**63 - 1, 2**64 - 1
 # Profile group names by Context group name (docs/profiles.md uses Megatron's).
 _PROFILE_GROUPS = {"gtp_remat": "gtp_remat", "expert_gtp_remat": "expt_gtp_remat"}
+
+
+def choice(table, value, what):
+    """The C value `table` (gtp._enums) gives the name `value`, which must be one of its names."""
+    if value not in table:
+        raise ValueError(f"{what}={value!r} is unknown; use one of {sorted(table)}")
+    return table[value]
 
 
 def integer(value, what, low, high):
@@ -19,6 +27,14 @@ def integer(value, what, low, high):
     if not low <= int(value) <= high:
         raise ValueError(f"{what}={value} is outside [{low}, {high}]")
     return int(value)
+
+
+def milliseconds(seconds, name):
+    """A timeout in seconds as libgtp's milliseconds: finite, from 1 ms to INT64_MAX ms ("very long")."""
+    finite = isinstance(seconds, numbers.Real) and math.isfinite(seconds)
+    if not (finite and 0.001 <= seconds <= INT64_MAX / 1000):
+        raise ValueError(f"{name}={seconds!r} is outside [0.001, {INT64_MAX / 1000:.3g}] seconds")
+    return min(int(seconds * 1000), INT64_MAX)
 
 
 def c_string(value, what, path=False):

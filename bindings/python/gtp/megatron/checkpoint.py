@@ -6,6 +6,7 @@ holds exactly what a GTP-off run writes: it loads with GTP off, or at another G 
 again a regular split. At G = 1 the shard is the whole TP-local weight. Megatron-Core
 0.19's torch_dist strategy needs a regular grid of equal shards, so at G > 1 a weight whose rows
 libgtp pads (rows not a multiple of row alignment x G) is refused with the sizes that would work."""
+from ..weight import row_alignment
 
 
 def is_libgtp(tensor):
@@ -20,8 +21,7 @@ def regular_split(geometry):
 
 def check_regular(name, geometry, wire):
     if not regular_split(geometry):
-        from .. import context as core
-        align = core.row_alignment(wire) * geometry.group_size
+        align = row_alignment(wire) * geometry.group_size
         raise ValueError(f"{name}: {geometry.rows} rows over G={geometry.group_size} are padded to "
                          f"{geometry.padded_rows} by libgtp (row alignment x G = {align}); Megatron-Core's torch_dist "
                          f"format needs equal shards: choose a size whose TP-local rows are a multiple of {align}, or "

@@ -5,6 +5,8 @@ import datetime
 import torch
 
 from .. import context as core
+from .._checks import choice
+from .._enums import GROUPS
 
 
 class TorchStore:
@@ -106,7 +108,7 @@ class Context(core.Context):
         """Whether layers built on this context put the weights of `group` ("gtp_remat" or
         "expert_gtp_remat") on libgtp: at G > 1 always; in a group of one only with machinery_at_g1=True,
         else they stay plain parameters (inert, as Megatron-Core's GTP at size 1)."""
-        core._choice(core.GROUPS, group, "group")
+        choice(GROUPS, group, "group")
         return self.machinery_at_g1 or self.group_size(group) > 1
 
     def view_at(self, address, shape, dtype, requires_grad=False):

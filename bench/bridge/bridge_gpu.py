@@ -102,14 +102,15 @@ def run_one(run, result_path):
         gb.enable(cfg, wire="bf16", machinery_at_g1=run.get("machinery", False))
     out = {"run": run, "rank": int(os.environ.get("RANK", 0)), "train": [], "micro": {"train": [], "eval": [], "test": []},
            "evals": [], "tests": []}
-    phase = ["train"]
+    phase, live = ["train"], {}
 
     class Recorder(Callback):
         def on_train_start(self, context):
             model = context.model
-            out["groups"] = {"g": ps.get_gtp_weight_remat_world_size() or 1, "dp": ps.get_data_parallel_world_size(),
-                             "data_ranks": ps.get_data_parallel_world_size(with_gtp_remat=True)
-                             if (ps.get_gtp_weight_remat_world_size() or 1) > 1 else ps.get_data_parallel_world_size()}
+            live.update(state=context.state, scheduler=context.scheduler)
+            out["groups"] = {"g": ps.get_gtp_weight_remat_world_size() or 1,
+                             "dp": ps.get_data_parallel_world_size(with_gtp_remat=False),
+                             "data_ranks": ps.get_data_parallel_world_size(with_gtp_remat=True)}
             out["libgtp_active"] = gm.active() is not None
             out["libgtp_weights"] = sum(isinstance(p, gm.MegatronParameter) for chunk in model for p in chunk.parameters())
             out["start"] = {"step": context.state.train_state.step,
@@ -122,11 +123,6 @@ def run_one(run, result_path):
             out["train"].append({"iteration": context.state.train_state.step + 1, "loss": value,
                                  "hex": value.hex() if value is not None else None,
                                  "grad_norm": None if context.grad_norm is None else float(context.grad_norm)})
-
-        def on_train_end(self, context):
-            ts = context.state.train_state
-            out["end"] = {"step": ts.step, "consumed": ts.consumed_train_samples,
-                          "scheduler_steps": context.scheduler.num_steps, "flops": ts.floating_point_operations_so_far}
 
         def on_eval_start(self, context):
             phase[0] = "eval"
@@ -160,7 +156,11 @@ def run_one(run, result_path):
     start = time.time()
     try:
         pretrain(cfg, forward_step, callbacks=[Recorder()])
-    finally:
+    finally:  # also after Bridge's sys.exit at exit_interval (the save run), which skips on_train_end
+        if live:
+            ts = live["state"].train_state
+            out["end"] = {"step": ts.step, "consumed": ts.consumed_train_samples,
+                          "scheduler_steps": live["scheduler"].num_steps, "flops": ts.floating_point_operations_so_far}
         out["seconds"] = time.time() - start
         out["doubles"] = doubles.report()
         out["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -180,7 +180,7 @@ def free_port():
 def launch(run, folder, timeout_s, fake=False):
     """Starts every rank of one run, waits at most timeout_s; returns the ranks' results or an error."""
     world = run.get("world", 1)
-    port, launch_id = free_port(), f"{os.getpid()}-{run['case']}-{run['name']}"
+    port, launch_id = free_port(), f"{os.getpid()}-{run['case']}-{run['name']}".replace("_", "-")
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -303,6 +303,8 @@ def verdicts(case, runs, all_cases):
             v["libgtp_bit_identical_to_off"] = hexes(runs["libgtp"]) == hexes(runs["off"])
             v["libgtp_g_seen_by_megatron"] = [r["groups"]["g"] for r in runs["libgtp"]]
             v["libgtp_weights"] = [r.get("libgtp_weights") for r in runs["libgtp"]]
+            v["libgtp_g2_wired"] = (v["libgtp_g_seen_by_megatron"] == [2, 2]
+                                    and all(w and w > 0 for w in v["libgtp_weights"]))
         if alone:
             v["bridge_alone_g_seen_by_megatron"] = [r["groups"]["g"] for r in runs["bridge_alone"]]
             v["bridge_alone_bit_identical_to_off"] = hexes(runs["bridge_alone"]) == hexes(runs.get("off"))
@@ -343,6 +345,7 @@ def orchestrate(args):
         return 0
     meta["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "fake (no GPU)"
     folder = args.workdir or tempfile.mkdtemp(prefix="bridge-gpu-")
+    os.makedirs(folder, exist_ok=True)
     cases = [c for c in (args.cases.split(",") if args.cases else CASES)]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # ckpt cases need dense_g1 only at the end
@@ -395,7 +398,8 @@ def fake_run(run, result_path):
     per = GBS // (MBS * data)
     first = SAVE_AT if run.get("ckpt") == "load" else 0
     last = SAVE_AT if run.get("ckpt") == "save" else ITERS
-    out = {"run": run, "rank": int(os.environ["RANK"]), "groups": {"g": 1, "dp": data, "data_ranks": data},
+    g = 2 if data == 2 and run["gtp"] == "libgtp" else 1
+    out = {"run": run, "rank": int(os.environ["RANK"]), "groups": {"g": g, "dp": data // g, "data_ranks": data},
            "libgtp_weights": 10 if run.get("machinery") or data > 1 and run["gtp"] == "libgtp" else 0,
            "start": {"step": first, "consumed": first * GBS, "scheduler_steps": first * GBS},
            "end": {"step": last, "consumed": last * GBS, "scheduler_steps": last * GBS},

@@ -1,8 +1,10 @@
 """The wheels Megatron Bridge 0.6.2's GPU run needs on the GPU machine (Python 3.12, torch, no network;
 TE and Megatron-Core come from the runner's own staging): `stage` downloads them here (pinned in
-tools/constraints-bridge.txt, cp312 / py3-none) into a folder stage.sh packs; `unpack` runs there and
-unpacks each wheel only when the machine lacks its packages (a wheel already provided is left out,
-so the image's own packages win).
+tools/constraints-bridge.txt, cp312 / py3-none) and unpacks each into FOLDER/<distribution>/, which
+stage.sh packs (xz compresses the sources about twice as well as the wheels' zip); `unpack` runs
+there and copies a distribution only when the machine lacks its packages, so the image's own win.
+Left out: tensorboard/webfiles.zip (4.3 MB, the TensorBoard server's web frontend; Bridge imports
+tensorboard only through torch.utils.tensorboard's SummaryWriter, which never reads it).
 
 Chosen by importing Bridge as bench/bridge/bridge_gpu.py does, in a Python 3.12 environment holding
 only what the GPU machine has (torch and its dependencies, numpy, packaging, the TE bundle's deps,
@@ -15,8 +17,10 @@ doubles (bench/bridge/import_doubles.py, NAMES), which fail the run if anything 
 import glob
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 
 # distribution: the top-level modules whose absence means the wheel is unpacked
@@ -31,6 +35,7 @@ WHEELS = {
     "rich": ["rich"], "tqdm": ["tqdm"], "defusedxml": ["defusedxml"],
     "tensorboard": ["tensorboard"], "absl-py": ["absl"],  # torch.utils.tensorboard, imported by Bridge's state
 }
+LEFT_OUT = ("tensorboard/webfiles.zip",)
 CONSTRAINTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "constraints-bridge.txt")
 
 
@@ -48,21 +53,30 @@ def pins():
 
 def stage(folder):
     os.makedirs(folder, exist_ok=True)
+    downloads = tempfile.mkdtemp(prefix="bridge-wheels-")
     wanted = [f"{d}=={v}" for d, v in pins().items()]
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
                     "--only-binary", ":all:", "--python-version", "3.12", "--implementation", "cp",
                     "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
                     "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_31_x86_64",
-                    "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_39_x86_64", "-d", folder, *wanted], check=True)
-    total = sum(os.path.getsize(p) for p in glob.glob(os.path.join(folder, "*.whl")))
-    print(f"bridge_wheels: {len(wanted)} wheels, {total / 2**20:.1f} MiB in {folder}")
+                    "--platform", "manylinux_2_34_x86_64", "--platform", "manylinux_2_39_x86_64", "-d", downloads, *wanted], check=True)
+    wheels = sum(os.path.getsize(p) for p in glob.glob(os.path.join(downloads, "*.whl")))
+    for dist in WHEELS:
+        target = os.path.join(folder, dist)
+        shutil.rmtree(target, ignore_errors=True)
+        zipfile.ZipFile(_wheel_for(downloads, dist)).extractall(target)
+        for name in LEFT_OUT:
+            if os.path.exists(os.path.join(target, name)):
+                os.remove(os.path.join(target, name))
+    shutil.rmtree(downloads)
+    print(f"bridge_wheels: {len(wanted)} wheels ({wheels / 2**20:.1f} MiB) unpacked into {folder}, less {', '.join(LEFT_OUT)}")
 
 
 def _wheel_for(folder, dist):
     prefix = dist.replace("-", "_").lower() + "-"
     hits = [p for p in glob.glob(os.path.join(folder, "*.whl")) if os.path.basename(p).lower().startswith(prefix)]
     if not hits:
-        raise SystemExit(f"bridge_wheels: no wheel of {dist} in {folder} (run tools/gpu/stage.sh again)")
+        raise SystemExit(f"bridge_wheels: pip downloaded no wheel of {dist} into {folder}")
     return hits[0]
 
 
@@ -77,7 +91,10 @@ def unpack(folder, target):
                 return False
         if all(present(m) for m in modules):
             continue
-        zipfile.ZipFile(_wheel_for(folder, dist)).extractall(target)
+        source = os.path.join(folder, dist)
+        if not os.path.isdir(source):
+            raise SystemExit(f"bridge_wheels: {source} is not staged (run tools/gpu/stage.sh again)")
+        shutil.copytree(source, target, dirs_exist_ok=True)
         done.append(dist)
     print(f"bridge_wheels: unpacked into {target}: {', '.join(done) or 'nothing (all present)'}")
 

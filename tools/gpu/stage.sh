@@ -63,7 +63,7 @@ XZ_OPT=${XZ_OPT:--6 -T2} tar cJf "$archive" -C "$stage" .
 archive_mib=$(( ($(stat -c %s "$archive") + 1048575) / 1048576 ))
 tree_mib=$(( ($(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s }') + 1048575) / 1048576 ))
 echo "stage: $archive is ${archive_mib} MiB ($(ls "$stage/bin" | wc -l) binaries, $(ls "$stage/lib" | wc -l) libraries," \
-     "wheels: $(ls "$stage/wheels" | tr '\n' ' ')$([ -d "$stage/wheels/bridge" ] && echo "bridge: $(ls "$stage/wheels/bridge" | wc -l) wheels, $(du -sm "$stage/wheels/bridge" | cut -f1) MiB")); with the ${tree_mib} MiB working tree $((archive_mib + tree_mib)) MiB of 64;" \
+     "wheels: $(ls "$stage/wheels" | tr '\n' ' ')$([ -d "$stage/wheels/bridge" ] && echo "bridge: $(ls "$stage/wheels/bridge" | wc -l) distributions, $(du -sm "$stage/wheels/bridge" | cut -f1) MiB unpacked")); with the ${tree_mib} MiB working tree $((archive_mib + tree_mib)) MiB of 64;" \
      "commit $commit"
 if [ $((archive_mib + tree_mib)) -gt 64 ]; then
   echo "stage: over the 64 MiB the device tool carries" >&2

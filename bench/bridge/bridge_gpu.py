@@ -61,8 +61,9 @@ def config_for(run, ckpt_dir=None):
                           num_weight_shards=shards, expert_num_weight_shards=shards if run.get("moe") else None)
     cfg.validation.eval_iters = EVAL_ITERS
     cfg.scheduler.lr_decay_iters = ITERS          # the same schedule for a run that exits at SAVE_AT
-    cfg.model.deterministic_mode = True
-    cfg.model.cross_entropy_loss_fusion = False   # Bridge's deterministic mode refuses the fused one
+    if run.get("deterministic", True):            # --nondeterministic: off_control then says if runs repeat
+        cfg.model.deterministic_mode = True
+        cfg.model.cross_entropy_loss_fusion = False   # Bridge's deterministic mode refuses the fused one
     if run.get("ckpt") == "save":
         cfg.checkpoint.save, cfg.checkpoint.save_interval, cfg.train.exit_interval = ckpt_dir, SAVE_AT, SAVE_AT
     elif run.get("ckpt") == "load":
@@ -183,7 +184,7 @@ def launch(run, folder, timeout_s, fake=False):
     port, launch_id = free_port(), f"{os.getpid()}-{run['case']}-{run['name']}".replace("_", "-")
     procs = []
     for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+        env = dict(os.environ, **DETERMINISTIC_ENV, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
         if world > 1:
             from gtp import shared_gpu
@@ -218,11 +219,11 @@ def launch(run, folder, timeout_s, fake=False):
     return results, error
 
 
-def run_case(case, folder, timeout_s, fake):
+def run_case(case, folder, timeout_s, fake, deterministic):
     ckpt_dir = tempfile.mkdtemp(prefix=f"bridge-{case}-", dir=folder)
     runs, errors = {}, {}
     for run in CASES[case]:
-        run = dict(run, case=case, ckpt_dir=ckpt_dir)
+        run = dict(run, case=case, ckpt_dir=ckpt_dir, deterministic=deterministic)
         results, error = launch(run, folder, timeout_s, fake)
         runs[run["name"]] = results
         if error:
@@ -331,6 +332,7 @@ def case_ok(v, errors):
 def orchestrate(args):
     import torch
     meta = {"benchmark": "bridge_gpu", "megatron_bridge": None, "commit": args.commit, "command": command_line(),
+            "deterministic": not args.nondeterministic,
             "iterations": ITERS, "global_batch": GBS, "micro_batch": MBS, "eval_iters": EVAL_ITERS}
     try:
         import importlib.metadata
@@ -349,7 +351,7 @@ def orchestrate(args):
     cases = [c for c in (args.cases.split(",") if args.cases else CASES)]
     results = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # ckpt cases need dense_g1 only at the end
-        futures = {pool.submit(run_case, c, folder, args.timeout, args.fake): c for c in cases}
+        futures = {pool.submit(run_case, c, folder, args.timeout, args.fake, not args.nondeterministic): c for c in cases}
         for future in concurrent.futures.as_completed(futures):
             case = futures[future]
             runs, errors = future.result()
@@ -431,7 +433,9 @@ def main():
     parser.add_argument("--json", help="where the results go")
     parser.add_argument("--commit", default=os.environ.get("GTP_COMMIT", "unknown"))
     parser.add_argument("--cases", help=f"comma-separated, of {', '.join(CASES)} (default all)")
-    parser.add_argument("--jobs", type=int, default=3, help="cases at once (they share the GPU; default 3)")
+    parser.add_argument("--jobs", type=int, default=len(CASES), help="cases at once (they share the GPU; default all)")
+    parser.add_argument("--nondeterministic", action="store_true",
+                        help="leave Bridge's deterministic mode off (if an op refuses torch's deterministic algorithms)")
     parser.add_argument("--timeout", type=int, default=RUN_TIMEOUT_S, help="seconds per run (all its ranks)")
     parser.add_argument("--workdir", help="logs and per-rank results (default: a new temporary folder)")
     parser.add_argument("--dry-run", action="store_true", help="build and validate every config (CPU), print the plan")

@@ -2,7 +2,8 @@
 # Stages everything one GPU-machine call needs into ONE archive, .gpu/gtp-gpu.tar.xz (ignored), for
 # tools/gpu/run.sh: every GPU binary and libgtp.so (bazel build -c opt) in bin/, the host libraries
 # they link that the GPU image may lack in lib/, and in wheels/, when ../shared/te-h200 is beside the
-# checkout, the TransformerEngine 2.20.2 bundle, the Megatron-Core 0.19.2 wheel and psutil's wheel
+# checkout, the TransformerEngine 2.20.2 bundle, the Megatron-Core 0.19.2 wheel, psutil's wheel and in
+# wheels/bridge/ Megatron Bridge 0.6.2 with what its GPU run imports (tools/gpu/bridge_wheels.py)
 # (the GPU machine has no network); COMMIT names the commit. The Python files travel with the
 # checkout itself. The device tool carries 64 MiB with the working tree: this script prints both
 # sizes and fails above that.
@@ -46,8 +47,12 @@ if [ -f "$shared/te_bundle_sm90_cp312.tar.xz" ]; then
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary :all: --python-version 3.12 \
     --platform manylinux2014_x86_64 "psutil==$psutil" -d "$stage/wheels" ||
     echo "stage: pip could not download psutil==$psutil: the megatron step's checkpoint part needs it where the GPU image lacks it" >&2
+  # Megatron Bridge 0.6.2 and the few packages its GPU run imports (tools/gpu/bridge_wheels.py says which
+  # and why; the rest Bridge imports at load are test doubles there): the bridge step.
+  python3 tools/gpu/bridge_wheels.py stage "$stage/wheels/bridge" ||
+    echo "stage: the Bridge wheels could not be downloaded: the bridge step will say they are not staged" >&2
 else
-  echo "stage: $shared not found: the te_*, megatron, peers and h2h steps will say that TE is not staged" >&2
+  echo "stage: $shared not found: the te_*, megatron, peers, h2h and bridge steps will say that TE is not staged" >&2
 fi
 commit=$(git rev-parse --short HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || commit+="-dirty"
@@ -57,7 +62,7 @@ XZ_OPT=${XZ_OPT:--6 -T2} tar cJf "$archive" -C "$stage" .
 archive_mib=$(( ($(stat -c %s "$archive") + 1048575) / 1048576 ))
 tree_mib=$(( ($(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s }') + 1048575) / 1048576 ))
 echo "stage: $archive is ${archive_mib} MiB ($(ls "$stage/bin" | wc -l) binaries, $(ls "$stage/lib" | wc -l) libraries," \
-     "wheels: $(ls "$stage/wheels" | tr '\n' ' ')); with the ${tree_mib} MiB working tree $((archive_mib + tree_mib)) MiB of 64;" \
+     "wheels: $(ls "$stage/wheels" | tr '\n' ' ')$([ -d "$stage/wheels/bridge" ] && echo "bridge: $(ls "$stage/wheels/bridge" | wc -l) distributions, $(du -sm "$stage/wheels/bridge" | cut -f1) MiB unpacked")); with the ${tree_mib} MiB working tree $((archive_mib + tree_mib)) MiB of 64;" \
      "commit $commit"
 if [ $((archive_mib + tree_mib)) -gt 64 ]; then
   echo "stage: over the 64 MiB the device tool carries" >&2

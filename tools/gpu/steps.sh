@@ -29,6 +29,7 @@ g1_machinery      330   mcore issue 41 parts 1, 2 at G = 1: te_stack_bench.py (o
 te_nvfp4          420   te    NVFP4: test_te.py -k nvfp4 (G = 1) and test_te_nvfp4_g2.py (G = 2, two GPUs)
 megatron          420   mcore Megatron-Core on libgtp at G = 1: parts GTP_MEGATRON_PARTS (default gpt moe ckpt fp8 recompute), megatron_bench.json
 peers             540   mcore G ranks on one GPU as real NCCL peers: runtime, failures, TE layers, GPT example, memcheck, head to head (GTP_PEERS_STEPS=REGEX picks parts)
+bridge            420   mcore Megatron Bridge 0.6.2 pretrain on libgtp: G = 1 off / machinery / inert, save + resume, MoE, G = 2 real peers (bridge_gpu.json)
 h2h               540   mcore bench/megatron/head_to_head.py: libgtp against Megatron-Core GTP on real peers (GTP_H2H_ARGS, runs separated by semicolons)
 mlm               360   mcore bench/megatron/pretrain_gpu.py: Megatron-LM pretrain, libgtp (gtp.megatron.training.enable) against Megatron-Core GTP, G = 1 and 2 on real peers, save at 10, resume to 20 (pretrain_gpu.json; GTP_MLM_ARGS)
 rig               480   -     the one-GPU rig at G = 2, 4, 8 (a test double for NCCL): probe, its collectives, divergence, sanitizers; GTP_RIG_STEPS=REGEX picks parts
@@ -311,6 +312,23 @@ step_peers() {
     --gtest_filter='RealPeersRuntime.EveryWire*:RealPeersRuntime.UndefinedGrads*'
   peers_part runtime_g8 400 env GTP_REAL_PEERS_SIZES=8 "$BIN/real_peers_runtime_test" "$BIN/gtp-launch" \
     "$BIN/runtime_worker" --gtest_output="json:$OUT_DIR/runtime_g8.gtest.json"
+}
+
+# Megatron Bridge's unmodified pretrain on libgtp (docs/bridge.md): its wheels unpacked once (only
+# those the machine lacks, tools/gpu/bridge_wheels.py), then bench/bridge/bridge_gpu.py, every case in
+# its own processes. GTP_BRIDGE_ARGS adds arguments (e.g. --cases dense_g1,g2_peers).
+step_bridge() {
+  local wheels=$STAGE/wheels/bridge site=$STAGE/bridge
+  if [ ! -d "$wheels" ]; then
+    echo "bridge: $wheels is not staged (tools/gpu/stage.sh downloads it when ../shared/te-h200 is present)" >&2
+    exit 127
+  fi
+  [ -f "$site/.unpacked" ] || { python3 tools/gpu/bridge_wheels.py unpack "$wheels" "$site" && touch "$site/.unpacked"; } || exit 127
+  export PYTHONPATH=$PYTHONPATH:$site  # holds only what the machine lacked (bridge_wheels.py unpack)
+  # shellcheck disable=SC2086  # GTP_BRIDGE_ARGS is a list of arguments
+  part bridge_gpu - python3 bench/bridge/bridge_gpu.py --json "$OUT_DIR/bridge_gpu.json" --workdir "$OUT_DIR/runs" \
+    --commit "${GTP_COMMIT:-unknown}" ${GTP_BRIDGE_ARGS:-}
+  grep -E "^(== |[a-z0-9_]+: (PASS|FAIL)|bridge_gpu:|SKIP)" "$OUT_DIR/bridge_gpu.log" | cut -c1-600
 }
 
 # GTP_H2H_ARGS: head_to_head.py's arguments; several runs (each its own world size) separated by ';',

@@ -122,15 +122,18 @@ def sizes_from_parallel_state():
 def check_groups(context):
     """Collective over torch.distributed: every rank's libgtp positions must match Megatron's groups
     (member i of this rank's Megatron gtp_remat group is libgtp gtp_remat rank i, with the same TP rank
-    and DP rank). Raises naming both layouts otherwise."""
+    and DP rank; likewise its expert gtp_remat group). Raises naming both layouts otherwise."""
     import torch
     from megatron.core import parallel_state as ps
     s = context.sizes
-    mine = (s.tp_rank, s.gtp_remat_rank, s.dp_rank, s.data_parallel_index)
+    mine = (s.tp_rank, s.gtp_remat_rank, s.dp_rank, s.data_parallel_index, s.expert_gtp_remat_rank)
     everyone = [None] * s.world_size
     torch.distributed.all_gather_object(everyone, mine)
     checks = [("gtp_remat", ps.get_gtp_weight_remat_group(), 1),
               ("tp", ps.get_tensor_model_parallel_group(), 0)]
+    expert = ps.get_expert_gtp_weight_remat_group(check_initialized=False)
+    if expert is not None:
+        checks.append(("expt_gtp_remat", expert, 4))
     for name, group, index in checks:
         members = torch.distributed.get_process_group_ranks(group)
         got = [everyone[r][index] for r in members]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs bench/megatron/h2h_test.py ($1) with $GTP_PYTHON (tools/test.sh sets it; .bazelrc forwards it), else
+# Runs a bench pytest file ($1: bench/megatron/h2h_test.py, bench/bridge/bridge_gpu_test.py) with $GTP_PYTHON (tools/test.sh sets it; .bazelrc forwards it), else
 # python3; the test finds the gtp package beside it in the runfiles (bindings/python).
 set -euo pipefail
 python="${GTP_PYTHON:-python3}"

@@ -129,6 +129,10 @@ void mark_collectives(gtp_context& ctx, const char* call, cudaStream_t stream) {
 
 void check_context(gtp_context& ctx) {
   if (ctx.aborted) throw StateError(aborted_message(ctx));
+  // First the backend's poll of the device's fill-tag verdict (the scope throws DivergenceError): what this
+  // rank's device found is the cause to report, before the error a peer's abort on its own verdict left in
+  // a communicator here.
+  const gtp::remat::Backend::CallScope scope(*ctx.backend);
   for (auto* list : {&ctx.nccl_groups, &ctx.nccl_reduce_scatter}) {
     for (auto& comm : *list) {
       try {
@@ -139,7 +143,6 @@ void check_context(gtp_context& ctx) {
       }
     }
   }
-  const gtp::remat::Backend::CallScope scope(*ctx.backend);
   const auto now = std::chrono::steady_clock::now();
   for (std::size_t s = 0; s < ctx.marks.size(); ++s) {
     std::vector<gtp_context::Mark>& marks = ctx.marks[s];

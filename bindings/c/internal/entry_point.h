@@ -31,6 +31,12 @@ enum class InvalidArgumentIs { kArgument, kState };
 // "the context was aborted (...why...); destroy it".
 std::string aborted_message(gtp_context& ctx);
 
+// Failing ranks (docs/reliability.md): marks the context failed with a message naming `call`, this
+// rank and the groups, and aborts its communicators, so peers waiting in a collective this rank will
+// not make fail too (host: they throw this message; NCCL: their deadline fires). A context whose
+// groups all have one rank has no peers and stays usable. Never throws.
+void fail_context(gtp_context& ctx, const char* call, const std::string& what) noexcept;
+
 // Runs an entry point's body: every exception is caught and mapped to a gtp_status_t (docs/c-abi.md).
 template <typename Body>
 gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
@@ -55,10 +61,17 @@ gtp_status_t guarded(gtp_context_t* ctx, const char* call, Body&& body,
   } catch (const nlohmann::json::exception& e) {
     status = GTP_ERROR_INVALID_ARGUMENT;
     message = e.what();
-  } catch (const gtp::remat::DivergenceError& e) {  // every rank of the group raised it: the context is spent
+  } catch (const gtp::remat::DivergenceError& e) {  // the context is spent
     status = GTP_ERROR_DIVERGED;
     message = e.what();
-    if (ctx != nullptr) ctx->aborted = true;
+    // Every rank of the group raises it, but not at the same call where the device found it (the CUDA
+    // backend's verdict surfaces at each rank's next call): a peer may already have issued a collective
+    // this rank will never join, or this rank one a peer will not. Aborting the communicators lets both
+    // destroy instead of waiting for it.
+    if (ctx != nullptr) {
+      fail_context(*ctx, call, e.what());
+      ctx->aborted = true;  // also where no group has peers (fail_context leaves such a context usable)
+    }
   } catch (const gtp::comm::CommError& e) {
     status = e.timed_out() ? GTP_ERROR_TIMEOUT : GTP_ERROR_SYSTEM;
     message = e.what();
@@ -120,12 +133,6 @@ gtp_status_t on_context(gtp_context_t* ctx, const char* call, Body&& body,
   CallScope scope(*ctx);
   return guarded(ctx, call, body, invalid);
 }
-
-// Failing ranks (docs/reliability.md): marks the context failed with a message naming `call`, this
-// rank and the groups, and aborts its communicators, so peers waiting in a collective this rank will
-// not make fail too (host: they throw this message; NCCL: their deadline fires). A context whose
-// groups all have one rank has no peers and stays usable. Never throws.
-void fail_context(gtp_context& ctx, const char* call, const std::string& what) noexcept;
 
 // Watchdog (gtp_context_check): on the CUDA backend with call_timeout_ms set, records an event on
 // each side stream the call may have enqueued on (not while a capture is in progress).

@@ -121,7 +121,7 @@ struct GroupStats {
   std::int64_t fill_graphs = 0;       // graphs held now (at most config.fill_graphs)
   std::int64_t graph_recordings = 0;  // fills recorded into a new graph
   std::int64_t graph_fills = 0;       // fills run as a graph launch (recordings included)
-  std::int64_t tag_checks = 0;        // divergence checks issued: one per fill, or one per drain
+  std::int64_t tag_checks = 0;        // divergence checks issued: one per fill, or one per step-ending drain
   CacheStats cache;
 };
 
@@ -169,8 +169,11 @@ class Runtime {
   // where a head gathered at drain would be gathered again from the new shards (stale_prefetches);
   // a materialize or reset_chains before that shard_updated cancels the deferral (the head is then
   // gathered on demand). Not under CUDA graph capture (std::invalid_argument).
+  // `step_ends` false: more backward passes follow before the optimizer step (gradient accumulation),
+  // so the per-step divergence check waits for the drain that ends the step; it covers every gather
+  // since the previous check either way.
   enum class Head { kAtDrain, kAfterShardUpdate };
-  void drain(Stream stream, Head head = Head::kAtDrain);
+  void drain(Stream stream, Head head = Head::kAtDrain, bool step_ends = true);
   // Forgets every chain (in-process model rebuild), drops prefetched slots and fill graphs. Collective
   // (the next fills are those of a new recording).
   void reset_chains();

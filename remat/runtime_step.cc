@@ -40,7 +40,7 @@ void Runtime::finalize(const WeightId* ids, std::int64_t n, bool last_microbatch
   if (trace_.enabled()) trace_.add("finalize " + registry_.get(ids[0]).desc.name, "grads", start);
 }
 
-void Runtime::drain(Stream stream, Head head) {
+void Runtime::drain(Stream stream, Head head, bool step_ends) {
   const Backend::CallScope scope(backend_);
   const bool captured = backend_.capturing(stream);
   if (captured && head == Head::kAfterShardUpdate) {
@@ -51,7 +51,7 @@ void Runtime::drain(Stream stream, Head head) {
   join_capture(stream);
   grads_.drain(stream);
   // Before the next step's head is gathered: that belongs to the next check.
-  if (!config_.check_every_fill) check_step();
+  if (!config_.check_every_fill && step_ends) check_step();
   for (Chain& chain : chains_) chain.end_step();
   if (schedule_rerecord_) {
     clear_schedule();

@@ -77,12 +77,14 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream) {
 
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream) {
   return on_context(ctx, "gtp_drain_ex", [&] {
-    if ((flags & ~GTP_DRAIN_DEFER_HEAD) != 0) {
-      require(false, "flags " + std::to_string(flags) + " has unknown bits; use 0 or GTP_DRAIN_DEFER_HEAD");
+    if ((flags & ~(GTP_DRAIN_DEFER_HEAD | GTP_DRAIN_MIDSTEP)) != 0) {
+      require(false, "flags " + std::to_string(flags) +
+                         " has unknown bits; use 0, GTP_DRAIN_DEFER_HEAD, GTP_DRAIN_MIDSTEP or both");
     }
     const auto head = (flags & GTP_DRAIN_DEFER_HEAD) != 0 ? gtp::remat::Runtime::Head::kAfterShardUpdate
                                                           : gtp::remat::Runtime::Head::kAtDrain;
-    issuing(*ctx, "gtp_drain_ex", stream, [&] { ctx->runtime->drain(stream, head); });
+    const bool step_ends = (flags & GTP_DRAIN_MIDSTEP) == 0;
+    issuing(*ctx, "gtp_drain_ex", stream, [&] { ctx->runtime->drain(stream, head, step_ends); });
   });
 }
 

@@ -313,6 +313,56 @@ TEST(Diverge, TheStepCheckIsOneTagCollectivePerDrainAndNonePerGather) {
   });
 }
 
+// Gradient accumulation: drains flagged GTP_DRAIN_MIDSTEP leave the check to the step's last drain (one
+// tag exchange per step of 3 microbatches, not 3), which still covers the midstep microbatches' gathers.
+TEST(Diverge, MidstepDrainsLeaveTheCheckToTheStepsLastDrain) {
+  on_ranks(2, [](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
+    const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16), register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_drain_ex(ctx, 4u, nullptr), GTP_ERROR_INVALID_ARGUMENT);
+    expect_contains(gtp_last_error(ctx), {"flags 4 has unknown bits", "GTP_DRAIN_MIDSTEP"});
+    constexpr int kSteps = 2, kMicrobatches = 3;
+    for (int step = 0; step < kSteps; ++step) {
+      for (int mb = 0; mb < kMicrobatches; ++mb) {
+        for (const gtp_weight_t w : ws) {
+          void* ptr = nullptr;
+          ASSERT_EQ(materialize(ctx, w, &ptr), GTP_SUCCESS) << gtp_last_error(ctx);
+          ASSERT_EQ(gtp_release(ctx, &w, 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+        }
+        ASSERT_EQ(gtp_drain_ex(ctx, mb + 1 == kMicrobatches ? 0u : GTP_DRAIN_MIDSTEP, nullptr), GTP_SUCCESS)
+            << gtp_last_error(ctx);
+      }
+    }
+    const nlohmann::json stats = gtp::cabi_test::stats_of(ctx);
+    EXPECT_EQ(stats.at("groups")[0].at("tag_checks").get<int64_t>(), kSteps) << stats;
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+}
+
+// Ranks that materialize different weights in a microbatch whose drain is midstep: that drain passes,
+// the step's last drain fails on every rank naming both weights.
+TEST(Diverge, ADivergenceBeforeAMidstepDrainFailsAtTheStepsLastDrain) {
+  Messages messages(2);
+  on_ranks(2, [&](int rank, const gtp_bootstrap_callbacks_t& callbacks) {
+    gtp_context_t* ctx = gtp::cabi_test::create(callbacks);
+    const std::vector<uint16_t> s0 = shard_of(0, rank), s1 = shard_of(1, rank);
+    const gtp_weight_t ws[2] = {register_weight(ctx, "w0", s0, GTP_WIRE_BF16), register_weight(ctx, "w1", s1, GTP_WIRE_BF16)};
+    ASSERT_EQ(gtp_weights_shard_updated(ctx, ws, 2, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    void* ptr = nullptr;
+    ASSERT_EQ(materialize(ctx, ws[rank], &ptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_release(ctx, &ws[rank], 1, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    ASSERT_EQ(gtp_drain_ex(ctx, GTP_DRAIN_MIDSTEP, nullptr), GTP_SUCCESS) << gtp_last_error(ctx);
+    EXPECT_EQ(gtp_drain(ctx, nullptr), GTP_ERROR_DIVERGED) << gtp_last_error(ctx);
+    messages.text[rank] = gtp_last_error(ctx);
+    EXPECT_EQ(gtp_context_destroy(ctx), GTP_SUCCESS);
+  });
+  for (const std::string& text : messages.text) {
+    expect_contains(text, {"the step's check at drain", "rank 0 gathers 'w0'", "rank 1 gathers 'w1'"});
+  }
+}
+
 // Per-rank prefetch_depth 0 / 1 / 2 over 3 ranks: rank 0 used to get 11 of 18 materializations wrong
 // and ranks 1-2 timed out. Now create fails on every rank, naming the setting and each rank's value.
 TEST(Diverge, PerRankPrefetchDepthFailsCreateOnEveryRank) {

@@ -37,7 +37,7 @@ LAYOUT_BF16, LAYOUT_GEMM = 0, 1
 ELEM_NONE, ELEM_BF16, ELEM_E4M3, ELEM_E2M1, ELEM_E8M0, ELEM_FP32 = 0, 1, 2, 3, 4, 5
 
 # gtp_drain_ex flags
-DRAIN_DEFER_HEAD = 1
+DRAIN_DEFER_HEAD, DRAIN_MIDSTEP = 1, 2
 
 # gtp_bootstrap_result_t and the vtable version of comm/bootstrap_callbacks.h
 BOOTSTRAP_OK, BOOTSTRAP_ERROR, BOOTSTRAP_TIMEOUT = 0, 1, 2

@@ -152,11 +152,14 @@ class StepCalls:
         handles, n = self._handles(weights)
         self._call("gtp_finalize", handles, n, 1 if last_microbatch else 0, _stream(stream))
 
-    def drain(self, stream=None, defer_head=False):
+    def drain(self, stream=None, defer_head=False, midstep=False):
         """End-of-backward fence: pending main-grad adds (and grad_ready), chains end their step.
         defer_head: the next step's first weights are prefetched by the next shard_updated (after the
-        optimizer's re-pack) instead of here, so they are gathered once, from the new shards."""
-        self._call("gtp_drain_ex", _lib.DRAIN_DEFER_HEAD if defer_head else 0, _stream(stream))
+        optimizer's re-pack) instead of here, so they are gathered once, from the new shards.
+        midstep: more backward passes follow before the optimizer step, so the per-step divergence
+        check waits for the drain that ends the step (one tag collective per step, not per drain)."""
+        flags = (_lib.DRAIN_DEFER_HEAD if defer_head else 0) | (_lib.DRAIN_MIDSTEP if midstep else 0)
+        self._call("gtp_drain_ex", flags, _stream(stream))
 
     def reset_chains(self):
         self._call("gtp_reset_chains")

@@ -448,3 +448,39 @@ def test_a_parameter_whose_storage_was_replaced_is_repacked_from_its_new_values(
         w.data = torch.empty(3, 3, dtype=w.dtype)
         with pytest.raises(ValueError, match="same shape and dtype"):
             ctx.shard_updated()
+
+
+def _tag_checks_per_step(rank, world, store_dir, how):
+    """Three steps of three microbatches through two gtp.torch.Linear layers at G = 2; the step's count
+    of divergence checks (tag collectives of the group) after each step."""
+    ctx = torch_context(rank, world, store_dir)
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(gt.Linear(IN, 48, context=ctx), gt.Linear(48, OUT, context=ctx))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if how == "attached":
+        ctx.attach_optimizer(optimizer, microbatches=3)
+    checks = []
+    for step in range(3):
+        for microbatch in range(3):
+            x = torch.randn(4, IN, generator=torch.Generator().manual_seed(100 * step + 10 * microbatch + rank))
+            model(x).square().sum().backward()
+        optimizer.step()
+        if how == "reported":  # as gtp.megatron reports Megatron's optimizer steps
+            ctx.optimizer_stepped()
+            ctx.shard_updated()
+        optimizer.zero_grad()
+        checks.append(ctx.stats()["groups"][0]["tag_checks"])
+    ctx.close()
+    return checks
+
+
+@pytest.mark.parametrize("how", ["attached", "reported", "control"])
+def test_gradient_accumulation_costs_one_divergence_check_per_step(how):
+    """With attach_optimizer(microbatches=3) gtp.torch flags the first two drains of each step midstep:
+    one tag collective per step instead of one per drain. With the steps reported (optimizer_stepped,
+    gtp.megatron's way) it knows from the second step on. The control, with neither, cannot tell the
+    step's last drain and checks at every drain."""
+    expected = {"attached": [1, 1, 1], "reported": [3, 1, 1], "control": [3, 3, 3]}[how]
+    for checks in run_ranks(_tag_checks_per_step, 2, how):
+        per_step = [b - a for a, b in zip([0] + checks, checks)]
+        assert per_step == expected, per_step

@@ -295,6 +295,11 @@ gtp_status_t gtp_drain(gtp_context_t* ctx, cudaStream_t stream);
  * prefetched by the next gtp_weights_shard_updated, after the optimizer's re-pack, instead of here
  * (where they would be gathered from the old shards and again at shard_updated). */
 #define GTP_DRAIN_DEFER_HEAD 1u
+/* After 0.7.1. GTP_DRAIN_MIDSTEP: more backward passes follow before the optimizer step (gradient
+ * accumulation): the per-step divergence check (check_every_fill 0) waits for the drain that ends the
+ * step, so a step of N microbatches costs one tag collective per group, not N. It covers every gather
+ * since the previous check either way; ranks must pass the same flags. */
+#define GTP_DRAIN_MIDSTEP 2u
 gtp_status_t gtp_drain_ex(gtp_context_t* ctx, uint32_t flags, cudaStream_t stream);
 gtp_status_t gtp_reset_chains(gtp_context_t* ctx);
 /* Since 0.7.1. Main grads declared zero: the main grads of ws[0 .. n) (a leader stands for its

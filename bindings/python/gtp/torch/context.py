@@ -201,18 +201,22 @@ class Context(core.Context):
         the updated shards. Default: on the drain that ends each optimizer step once attach_optimizer
         was called (every `microbatches`-th drain); else, when the framework reports its optimizer steps
         (optimizer_stepped), on the drain that ends a step of as many drains as the last one had;
-        else off."""
+        else off. The drains known to come before a step's last (the same two counts) leave the
+        divergence check to that last one (midstep): one tag collective per step, not per drain."""
         self._drain_queued = False
+        midstep = False
         if defer_head is None:
             self._drains += 1
             self._drains_this_step += 1
             if self._drains_per_step > 0:
                 defer_head = self._drains % self._drains_per_step == 0
+                midstep = not defer_head
             else:
                 defer_head = self._drains_this_step == self._drains_last_step
+                midstep = self._drains_this_step < self._drains_last_step
         self.end_open_uses()
         if self._weights or self.closed:  # nothing registered (every layer inert at G = 1): no call
-            super().drain(self.stream() if stream is None else stream, defer_head=defer_head)
+            super().drain(self.stream() if stream is None else stream, defer_head=defer_head, midstep=midstep)
         # The host backend has run every callback by now. On CUDA the adds are only enqueued: every
         # parameter finalized since the last drain has its add ordered before the current stream's
         # next work (drain joined it), so its grad moves there, and its hooks run here.

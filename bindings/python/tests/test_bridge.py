@@ -80,7 +80,6 @@ def test_every_refusal_names_the_fix(gb):
         (lambda c: setattr(c.dist, "use_gloo_process_groups", True), "use_gloo_process_groups=False"),
         (lambda c: setattr(c.model, "cuda_graph_impl", "local"), "cuda_graph_impl='none'"),
         (lambda c: setattr(c.model, "delay_wgrad_compute", True), "delay_wgrad_compute=False"),
-        (lambda c: setattr(c.ddp, "overlap_param_gather", True), "overlap_param_gather=False"),
         (lambda c: setattr(c.model, "calculate_per_token_loss", True), "calculate_per_token_loss=False"),
         (lambda c: (setattr(c.model, "fp8", "e4m3"), setattr(c.model, "fp8_recipe", "delayed")), "tensorwise"),
     ]

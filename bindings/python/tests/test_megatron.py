@@ -324,11 +324,10 @@ def test_training_settings_libgtp_does_not_run_are_refused_with_the_fix():
     for config, ddp, match in ((NS(cuda_graph_impl="local"), None, "cuda_graph_impl='none'"),
                                (NS(delay_wgrad_compute=True), None, "delay_wgrad_compute=False"),
                                (NS(fp8_param=True), None, "fp8_param_gather"),
-                               (NS(), NS(overlap_param_gather=True), "overlap_param_gather=False"),
                                (NS(), NS(use_megatron_fsdp=True), "Megatron FSDP")):
         with pytest.raises(RuntimeError, match=match):
             gm.check_training(config, ddp)
-    gm.check_training(NS(cuda_graph_impl="none"), NS(overlap_param_gather=False))
+    gm.check_training(NS(cuda_graph_impl="none"), NS(overlap_param_gather=True))  # test_megatron_param_gather.py
 
 
 def _sharded(layer):

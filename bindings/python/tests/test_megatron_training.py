@@ -122,7 +122,6 @@ def test_megatron_parser_derives_g_and_counts_dp_x_g(training):
 
 @pytest.mark.parametrize("flags,fix", [
     (["--cuda-graph-impl", "local"], "cuda_graph_impl='none'"),
-    (["--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce"], "overlap_param_gather=False"),
     (["--delay-wgrad-compute"], "delay_wgrad_compute=False"),
     (["--bf16", "--fp8-format", "hybrid"], "fp8_recipe='tensorwise'"),
     (["--ckpt-format", "torch", "--save", "/nonexistent-ckpt", "--save-interval", "10"], "--ckpt-format torch_dist"),
@@ -139,6 +138,8 @@ def test_refusals_from_parsed_arguments_name_the_fix(training, flags, fix):
     assert gm.training.check_args(args).gtp == 2  # current scaling is run
     args = _parse(4, 2, "--calculate-per-token-loss")
     assert gm.training.check_args(args).gtp == 2  # use_libgtp gets sum_grads from it: consistent
+    args = _parse(4, 2, "--overlap-param-gather", "--use-distributed-optimizer", "--overlap-grad-reduce")
+    assert gm.training.check_args(args).gtp == 2  # re-packed after each bucket's all-gather (param_gather.py)
 
 
 def _wiring(rank, world, store_dir, per_token):

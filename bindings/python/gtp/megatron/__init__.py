@@ -115,9 +115,9 @@ def use_libgtp(*, wire="bf16", backend=None, store=None, profile=None, prefetch_
 
 def check_training(config, ddp_config=None):
     """Refuses, before training, the Megatron settings the libgtp backend does not run (each error
-    names the setting and the fix): CUDA graphs, delayed wgrads, FP8 primary weights, overlapped
-    parameter gathers, Megatron FSDP; with use_libgtp active also a per-token-loss setting that differs
-    from the context's sum_grads at G > 1, and FP8 / FP4 recipes other than tensorwise (current scaling)."""
+    names the setting and the fix): CUDA graphs, delayed wgrads, FP8 primary weights, Megatron FSDP; with
+    use_libgtp active also a per-token-loss setting that differs from the context's sum_grads at G > 1,
+    and FP8 / FP4 recipes other than tensorwise (current scaling)."""
     check_config(config, ddp_config)
     if _BACKEND is not None:
         from .backend import check_recipe

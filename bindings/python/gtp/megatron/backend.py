@@ -11,6 +11,7 @@ import contextlib
 from ..torch import te as gtp_te
 from . import checkpoint
 from .param import EmbeddingWeight, MegatronParameter
+from .param_gather import ParamGather
 
 # The gtp_api names, each with libgtp's implementation below (installed by Backend.install).
 API_NAMES = ("GTPChain", "GTPEmbeddingWeight", "attach_gtp_to_presharded_module", "classify_gtp_remat_chains",
@@ -42,6 +43,7 @@ class Backend:
         self._names = 0
         self._step_depth = 0
         self.recipe = {}
+        self.param_gather = ParamGather(self)  # overlap_param_gather: re-packs that wait for DDP's all-gather
 
     # -- installing and removing the routes --
     def _set(self, obj, name, value):
@@ -67,6 +69,7 @@ class Backend:
         if te_ext is not None:
             self._set(te_ext, "_init_gtp_remat_context", self._te_init_context)
         self._patch_optimizers()
+        self.param_gather.install()
 
     def uninstall(self):
         while self._saved:
@@ -79,7 +82,9 @@ class Backend:
     def _patch_optimizers(self):
         """After each (outermost) Megatron optimizer step, re-pack every libgtp shard from the
         parameters the optimizer just wrote (the distributed optimizer's copy into DDP's buffer
-        included): Context.shard_updated copies a replaced storage back first."""
+        included): Context.shard_updated copies a replaced storage back first. Weights in a DDP
+        bucket group whose overlapped parameter all-gather has not run yet are re-packed when it has
+        (param_gather.py)."""
         from megatron.core.optimizer import optimizer as opt
         backend = self
         for cls in (opt.MegatronOptimizer, *_subclasses(opt.MegatronOptimizer)):
@@ -95,7 +100,9 @@ class Backend:
                     backend._step_depth -= 1
                 if backend._step_depth == 0 and backend.params:
                     backend.context.optimizer_stepped()  # the next step's last drain defers its head
-                    backend.context.shard_updated(backend.leaders())
+                    now = backend.param_gather.after_step(backend.leaders())
+                    if now:  # none: the deferred head waits for the first re-pack after a bucket all-gather
+                        backend.context.shard_updated(now)
                 return result
             wrapped._gtp_wrapped = True
             wrapped.__doc__ = step.__doc__
@@ -282,10 +289,6 @@ def check_config(config, ddp_config=None):
     if getattr(config, "fp8_param", False) or getattr(config, "fp8_param_gather", False):
         raise RuntimeError("fp8_param_gather (FP8 primary weights) is not a libgtp shard: keep BF16/FP32 weights; "
                            "use gtp.megatron.use_libgtp(wire='fp8') to gather FP8")
-    if ddp_config is not None and getattr(ddp_config, "overlap_param_gather", False):
-        raise RuntimeError("overlap_param_gather=True finishes the distributed optimizer's parameter all-gather "
-                           "in the next forward, after libgtp re-packed its shards from stale values: train with "
-                           "overlap_param_gather=False")
     if ddp_config is not None and getattr(ddp_config, "use_megatron_fsdp", False):
         raise RuntimeError("Megatron FSDP shards the same weights libgtp shards: use DDP with "
                            "gtp.megatron.use_libgtp(), or FSDP without it")

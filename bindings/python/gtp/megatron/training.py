@@ -65,7 +65,7 @@ def check_args(args, machinery_at_g1=False):
     if libgtp_weights and getattr(args, "ckpt_format", "torch_dist") != "torch_dist" and (args.save or args.load):
         raise RuntimeError(f"--ckpt-format {args.ckpt_format}: libgtp shards are saved through Megatron-Core's sharded "
                            "state dict only: use --ckpt-format torch_dist")
-    check_config(args, args)  # the argument names are the config's: cuda_graph_impl, overlap_param_gather, ...
+    check_config(args, args)  # the argument names are the config's: cuda_graph_impl, delay_wgrad_compute, ...
     check_recipe({"calculate_per_token_loss": getattr(args, "calculate_per_token_loss", False),
                   "fp8": getattr(args, "fp8", None), "fp8_recipe": getattr(args, "fp8_recipe", None),
                   "fp4": getattr(args, "fp4", None)},

@@ -439,9 +439,9 @@ class Program {
   }
 
   void drain() {
-    const uint32_t flags = in_->below(3);  // 2: an unknown bit
+    const uint32_t flags = in_->below(5);  // DEFER_HEAD | MIDSTEP combined, or 4: an unknown bit
     const gtp_status_t got = gtp_drain_ex(ctx_, flags, nullptr);
-    call("gtp_drain_ex(flags=" + std::to_string(flags) + ")", got, flags > 1 ? GTP_ERROR_INVALID_ARGUMENT : GTP_SUCCESS);
+    call("gtp_drain_ex(flags=" + std::to_string(flags) + ")", got, flags > 3 ? GTP_ERROR_INVALID_ARGUMENT : GTP_SUCCESS);
     if (got == GTP_SUCCESS)
       for (Weight& w : weights_) w.add_pending = false;
   }

@@ -328,7 +328,7 @@ class Model {
       // The head cannot be deferred to shard_updated inside a graph (shard_updated is not captured).
       EXPECT_GTP_ERROR(gtp_drain_ex(ctx_, GTP_DRAIN_DEFER_HEAD, stream_), GTP_ERROR_INVALID_ARGUMENT, ctx_,
                        "capture");
-      EXPECT_GTP_ERROR(gtp_drain_ex(ctx_, 2u, stream_), GTP_ERROR_INVALID_ARGUMENT, ctx_, "unknown bits");
+      EXPECT_GTP_ERROR(gtp_drain_ex(ctx_, 4u, stream_), GTP_ERROR_INVALID_ARGUMENT, ctx_, "unknown bits");
       expect_still_capturing("after the refused drain_ex calls");
     }
     EXPECT_EQ(gtp_drain(ctx_, stream_), GTP_SUCCESS) << gtp_last_error(ctx_);

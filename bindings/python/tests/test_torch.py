@@ -484,3 +484,29 @@ def test_gradient_accumulation_costs_one_divergence_check_per_step(how):
     for checks in run_ranks(_tag_checks_per_step, 2, how):
         per_step = [b - a for a, b in zip([0] + checks, checks)]
         assert per_step == expected, per_step
+
+
+def test_a_weight_with_several_consumers_is_summed_and_finalized_once_per_drain(tmp_path):
+    """add_group_grads (a tied weight's consumers): every use adds into the one grad buffer and the drain
+    finalizes it once; a finalize_group_grads of the weight before the drain takes the held adds with
+    its own; a wgrad one use wrote into grad_buffer() sends the sum to main_grad whatever the later
+    uses pass (TE's fused accumulation), else it goes to .grad."""
+    with gt.Context(torch.distributed.FileStore(str(tmp_path / "store"), 1), 0, 1, auto_drain=False,
+                    machinery_at_g1=True) as ctx:
+        w = gt.Linear(IN, OUT, context=ctx, bias=False).weight
+        finalized = lambda: ctx.stats()["grads"]["grads_ready"]  # noqa: E731 - one per finalized buffer
+        w.add_group_grads(torch.full((OUT, IN), 2.0))
+        w.add_group_grads(torch.full((OUT, IN), 3.0))
+        assert finalized() == 0 and w.grad is None, "reduced before the drain"
+        ctx.drain()
+        assert finalized() == 1 and bool((w.grad == 5.0).all()), w.grad
+        w.add_group_grads(torch.full((OUT, IN), 1.0))
+        w.finalize_group_grads(torch.full((OUT, IN), 4.0))
+        ctx.drain()
+        assert finalized() == 2 and bool((w.grad == 10.0).all()), "the held add was lost or reduced twice"
+        w.grad = None
+        w.grad_buffer().fill_(6.0)  # as TE writes its wgrad
+        w.add_group_grads()
+        w.add_group_grads(torch.full((OUT, IN), 1.0))
+        ctx.drain()
+        assert finalized() == 3 and w.grad is None and bool((w.main_grad == 7.0).all()), w.main_grad

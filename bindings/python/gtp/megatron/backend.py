@@ -68,6 +68,8 @@ class Backend:
             te_ext = None
         if te_ext is not None:
             self._set(te_ext, "_init_gtp_remat_context", self._te_init_context)
+        layers = importlib.import_module("megatron.core.tensor_parallel.layers")
+        self._set(layers.ColumnParallelLinear, "forward", _shard_passed_in(layers.ColumnParallelLinear.forward))
         self._patch_optimizers()
         self.param_gather.install()
 
@@ -239,7 +241,7 @@ class Backend:
 
         def wait_for_gtp_grad_reduction_on_current_stream():
             """finalize_model_grads' fence: gradients not yet delivered are delivered now (drain)."""
-            if backend.context._finalized or backend.context._ready:
+            if backend.context._finalized or backend.context._ready or backend.context._deferred:
                 backend.context.drain()
 
         def wait_async_comms(*args, **kwargs):
@@ -260,6 +262,32 @@ class Backend:
                 "set_cuda_graph_mempool": unsupported, "wait_async_comms": wait_async_comms,
                 "wait_for_gtp_grad_reduction_on_current_stream": wait_for_gtp_grad_reduction_on_current_stream,
                 "wrap_module_params_gtp": wrap_module_params_gtp}
+
+
+def _shard_passed_in(forward):
+    """ColumnParallelLinear.forward that also takes a libgtp shard as `weight=`: GPTModel's tied output
+    layer gets the embedding's weight so (and at PP > 1 the last stage its own). Megatron-Core 0.19
+    checks a passed weight's shape against the TP-local (output_size_per_partition, input_size), which a
+    GTP shard never has (its own GTP fails there too): the check is made here on the shard's full
+    shape, and Megatron's then sees the shard's rows. The layer gathers and reduce-scatters the weight
+    through the same calls as its own; a weight it does not own is marked `tied` (its uses summed, one
+    reduce-scatter per backward pass). Any other weight, or none, goes to Megatron's forward unchanged."""
+    def routed(self, input_, weight=None, runtime_gather_output=None):
+        if not isinstance(weight, MegatronParameter):
+            return forward(self, input_, weight, runtime_gather_output)
+        expected = (self.output_size_per_partition, self.input_size)
+        if tuple(weight.full_shape) != expected:
+            raise RuntimeError(f"supplied weight's shape is {tuple(weight.full_shape)} (a libgtp shard of "
+                               f"{tuple(weight.shape)}), not {expected} as expected")
+        if weight is not self.weight:
+            weight.tied = True
+        self.output_size_per_partition = weight.shape[0]
+        try:
+            return forward(self, input_, weight, runtime_gather_output)
+        finally:
+            self.output_size_per_partition = expected[0]
+    routed.__doc__ = forward.__doc__
+    return routed
 
 
 def check_recipe(recipe, sizes, sum_grads):

@@ -24,7 +24,14 @@ class MegatronParameter(ShardedParameter):
         param.pad_length = 0        # libgtp keeps its padding out of the shard
         param._debug_name = param.gtp_weight.name
         param.chain_id = "GTP_ungraphed"
+        # Also used by a layer that does not own it (the tied output layer, weight=...; set at that
+        # forward): its consumers' wgrads are summed in one grad buffer, reduce-scattered once at drain.
+        param.tied = False
         return param
+
+    def reduce_wgrad(self, wgrad):
+        """One consumer's wgrad to libgtp; delivered at drain. A tied weight's uses are summed first."""
+        return self.add_group_grads(wgrad) if self.tied else self.finalize_group_grads(wgrad)
 
     # -- Megatron DDP --
     def register_grad_accum_hook(self, grad_accum_node, hook):
@@ -47,7 +54,7 @@ class MegatronParameter(ShardedParameter):
     def wgrad_reduce_scatter(self, wgrad, nvtx_label=None):
         """Megatron's call: the gradient goes to libgtp and is delivered at drain; autograd gets None."""
         del nvtx_label
-        return self.finalize_group_grads(wgrad)
+        return self.reduce_wgrad(wgrad)
 
     def batched_wgrad_reduce_scatter(self, wgrad_list, nvtx_label=None):
         return self.wgrad_reduce_scatter(wgrad_list, nvtx_label)
@@ -72,5 +79,5 @@ class EmbeddingWeight(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         weight, ctx.weight = ctx.weight, None
-        weight.finalize_group_grads(grad_output.float())
+        weight.reduce_wgrad(grad_output.float())
         return None

@@ -95,6 +95,7 @@ class Context(core.Context):
         self.machinery_at_g1 = bool(machinery_at_g1)
         self._ready = []            # host: parameters whose main-grad add ran since the last drain
         self._finalized = []        # CUDA: parameters finalized since the last drain
+        self._deferred = []         # leaders whose one reduce-scatter waits for drain (add_group_grads)
         self._drain_queued = False
         self._drains_per_step = 0  # attach_optimizer's microbatches; 0: no optimizer attached
         self._drains = 0
@@ -194,8 +195,33 @@ class Context(core.Context):
             self._drain_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self.drain)
 
+    def defer_finalize(self, leader):
+        """Leaves the finalize of `leader` (a ShardedParameter whose consumers add their wgrads with
+        add_group_grads) to the next drain: one reduce-scatter of the sum of its uses."""
+        if not any(held is leader for held in self._deferred):  # by identity: == on tensors compares values
+            self._deferred.append(leader)
+
+    def undefer(self, leader):
+        """Takes `leader` off the drain's finalize list; returns whether it was on it (an add is held)."""
+        if not self._deferred:  # the usual case, on every finalize
+            return False
+        kept = [held for held in self._deferred if held is not leader]
+        taken = len(kept) != len(self._deferred)
+        self._deferred = kept
+        return taken
+
+    def _finalize_deferred(self):
+        deferred, self._deferred = self._deferred, []
+        if not deferred:
+            return
+        last = self.last_microbatch()  # before this drain is counted, as the layers' finalize sees it
+        self.finalize([p.gtp_weight for p in deferred], last_microbatch=last, stream=self.stream())
+        for leader in deferred:
+            self.note_finalized(leader.group_members, reduced=last or not self.accumulate_microbatches)
+
     def drain(self, stream=None, defer_head=None):
-        """End of backward: ends the open uses, applies pending main-grad adds, then delivers each ready
+        """End of backward: reduce-scatters the weights whose finalize was deferred (defer_finalize),
+        ends the open uses, applies pending main-grad adds, then delivers each ready
         shard's gradient (ShardedParameter: into .grad, or main_grad), ordered on the current stream.
         defer_head leaves the next step's head to the next shard_updated, so it is gathered once, from
         the updated shards. Default: on the drain that ends each optimizer step once attach_optimizer
@@ -203,6 +229,7 @@ class Context(core.Context):
         (optimizer_stepped), on the drain that ends a step of as many drains as the last one had;
         else off. The drains known to come before a step's last (the same two counts) leave the
         divergence check to that last one (midstep): one tag collective per step, not per drain."""
+        self._finalize_deferred()
         self._drain_queued = False
         midstep = False
         if defer_head is None:

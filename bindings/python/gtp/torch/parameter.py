@@ -184,10 +184,33 @@ class ShardedParameter(torch.nn.Parameter):
         GroupedLinear takes the return as the per-expert grads). wgrads (one per group member, in order,
         or a bare tensor; default: what grad_buffer() handed out) that are not the member's grad buffer
         are written into it (a buffer new this step) or added to it (one held from an earlier
-        microbatch) first. A wgrad that is what grad_buffer() handed out goes to main_grad at drain, any
-        other to .grad (see the class).
+        microbatch, or an earlier use, add_group_grads) first. A wgrad that is what grad_buffer() handed
+        out goes to main_grad at drain, any other to .grad (see the class).
         last_microbatch (not in TE's protocol; default: the context's last_microbatch()): under the
         context's accumulate_microbatches False keeps the buffer for the next microbatch."""
+        self._stage(wgrads, earlier=self.context.undefer(self))  # an earlier use's add is reduced here too
+        if last_microbatch is None:
+            last_microbatch = self.context.last_microbatch()
+        self.context.finalize([self.gtp_weight], last_microbatch=last_microbatch, stream=self.context.stream())
+        self.context.note_finalized(self.group_members,
+                                    reduced=last_microbatch or not self.context.accumulate_microbatches)
+        self.context.queue_drain()
+        return None if len(self.group_members) == 1 else [None] * len(self.group_members)
+
+    def add_group_grads(self, wgrads=None):
+        """finalize_group_grads for a weight with several consumers in one backward pass (a tied
+        embedding and output layer): adds the wgrads into the grad buffer, which stays held, and leaves
+        its one reduce-scatter to the context's drain (Context.defer_finalize), after every consumer
+        has added its own. Same arguments and return as finalize_group_grads."""
+        self._stage(wgrads, earlier=self.context.undefer(self))
+        self.context.defer_finalize(self)
+        self.context.queue_drain()
+        return None if len(self.group_members) == 1 else [None] * len(self.group_members)
+
+    def _stage(self, wgrads, earlier=False):
+        """Moves each member's wgrad into its grad buffer (see finalize_group_grads). earlier: an earlier
+        use of this backward pass added into the buffer already; a wgrad written into grad_buffer() by
+        any use sends the sum to main_grad."""
         if wgrads is not None:
             wgrads = list(wgrads) if isinstance(wgrads, (list, tuple)) else [wgrads]
             if len(wgrads) != len(self.group_members):
@@ -195,13 +218,11 @@ class ShardedParameter(torch.nn.Parameter):
                                  f"{len(self.group_members)} weights; pass one per member, leader first")
         else:  # what grad_buffer() handed out (None where the caller used wgrad_buffer() directly)
             wgrads = [member._wgrad_target for member in self.group_members]
-        if last_microbatch is None:
-            last_microbatch = self.context.last_microbatch()
         for member, wgrad in zip(self.group_members, wgrads):
             handed_out, member._wgrad_target = member._wgrad_target, None
             is_buffer, member._wgrad_target_is_buffer = member._wgrad_target_is_buffer, False
-            member._into_main_grad = (wgrad is not None and handed_out is not None
-                                      and wgrad.data_ptr() == handed_out.data_ptr())
+            member._into_main_grad = (earlier and member._into_main_grad) or (
+                wgrad is not None and handed_out is not None and wgrad.data_ptr() == handed_out.data_ptr())
             if wgrad is None:
                 continue
             if is_buffer and wgrad.data_ptr() == handed_out.data_ptr():
@@ -213,11 +234,6 @@ class ShardedParameter(torch.nn.Parameter):
                 buffer.copy_(wgrad)
             else:
                 buffer.add_(wgrad)
-        self.context.finalize([self.gtp_weight], last_microbatch=last_microbatch, stream=self.context.stream())
-        self.context.note_finalized(self.group_members,
-                                    reduced=last_microbatch or not self.context.accumulate_microbatches)
-        self.context.queue_drain()
-        return None if len(self.group_members) == 1 else [None] * len(self.group_members)
 
     def deliver_grad(self):
         """Called by the context's drain once libgtp's add into the FP32 target has landed (ordered on

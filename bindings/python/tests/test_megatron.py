@@ -350,14 +350,19 @@ def _ckpt_save(rank, world, store_dir, folder, gtp):
     layer = _ckpt_layer(11)
     dist_checkpointing.save(_sharded(layer), folder)
     result = (layer.weight.geometry.row_start, layer.weight.detach().clone(), layer.bias.detach().clone())
-    padded = ColumnParallelLinear(IN, 48, config=_config(), init_method=torch.nn.init.normal_, bias=False)
-    try:
-        _sharded(padded)
-        refusal = None
-    except ValueError as error:
-        refusal = str(error)
+    from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
+    refusals = []
+    # A padded split, through the GTP helper (a linear layer) and through Megatron's TP helper, which
+    # VocabParallelEmbedding (and a tied output weight) call directly.
+    for padded in (ColumnParallelLinear(IN, 48, config=_config(), init_method=torch.nn.init.normal_, bias=False),
+                   VocabParallelEmbedding(48, IN, init_method=torch.nn.init.normal_, config=_config())):
+        try:
+            _sharded(padded)
+            refusals.append(None)
+        except ValueError as error:
+            refusals.append(str(error))
     gm.reset()
-    return result + (refusal,)
+    return result + (refusals,)
 
 
 def _ckpt_load(rank, world, store_dir, folder, gtp, libgtp):
@@ -379,13 +384,15 @@ def test_torch_dist_checkpoint_saved_at_g2_loads_at_another_g_and_padded_splits_
     """Megatron's sharded_state_dict of libgtp shards at G = 2 (two processes, real torch_dist files) is
     the GTP-off layout: it loads with GTP off, on libgtp at G = 1 and at G = 4 (each rank its own rows),
     and libgtp's gathered weight after the load is the saved one (forward output). A split libgtp pads
-    (48 rows over G = 2) is refused at save, naming the sizes that work."""
+    (48 rows over G = 2) is refused at save, naming the sizes that work, a linear layer's and an
+    embedding's alike."""
     folder = tmp_path / "ckpt"
     folder.mkdir()
     saved = run_ranks(_ckpt_save, 2, str(folder), 2)
     weight = torch.cat([w for _, w, _, _ in sorted(saved, key=lambda s: s[0])])
-    for *_, refusal in saved:
-        assert refusal is not None and "48 rows over G=2 are padded to 64" in refusal and "multiple of 32" in refusal
+    for *_, refusals in saved:
+        for refusal in refusals:
+            assert refusal is not None and "48 rows over G=2 are padded to 64" in refusal and "multiple of 32" in refusal
     for load_gtp, libgtp in ((1, False), (1, True), (4, True)):
         loaded = run_ranks(_ckpt_load, load_gtp, str(folder), load_gtp, libgtp)
         for start, shard, out, x in loaded:

@@ -7,6 +7,7 @@ are built by Megatron's TE extension under `_init_gtp_remat_context`; it is repl
 layers go on libgtp (built full, then sliced to libgtp's rows). Like Megatron's, it does nothing in a
 group of one (size <= 1, or no group), unless the context has machinery_at_g1=True."""
 import contextlib
+import sys
 
 from ..torch import te as gtp_te
 from . import checkpoint
@@ -68,10 +69,21 @@ class Backend:
             te_ext = None
         if te_ext is not None:
             self._set(te_ext, "_init_gtp_remat_context", self._te_init_context)
+        self._check_tp_sharded_tensors(importlib.import_module("megatron.core.utils"))
         layers = importlib.import_module("megatron.core.tensor_parallel.layers")
         self._set(layers.ColumnParallelLinear, "forward", _shard_passed_in(layers.ColumnParallelLinear.forward))
         self._patch_optimizers()
         self.param_gather.install()
+
+    def _check_tp_sharded_tensors(self, utils):
+        """Routes make_tp_sharded_tensor_for_checkpoint through checkpoint.checked_tp_sharded_tensor, in
+        megatron.core.utils and in every Megatron module already holding its own copy of the name (a
+        module imported later takes the routed one from utils)."""
+        original = utils.make_tp_sharded_tensor_for_checkpoint
+        checked = checkpoint.checked_tp_sharded_tensor(original)
+        for name, module in list(sys.modules.items()):
+            if name.startswith("megatron.") and getattr(module, "make_tp_sharded_tensor_for_checkpoint", None) is original:
+                self._set(module, "make_tp_sharded_tensor_for_checkpoint", checked)
 
     def uninstall(self):
         while self._saved:

@@ -28,6 +28,19 @@ def check_regular(name, geometry, wire):
                          "save at G = 1")
 
 
+def checked_tp_sharded_tensor(make_tp_sharded_tensor):
+    """Megatron-Core's make_tp_sharded_tensor_for_checkpoint, which layers that cannot use the GTP helper
+    call directly (VocabParallelEmbedding, the tied output weight): it offsets a GTP shard as one of G
+    equal blocks, so a padded split would be saved at wrong offsets. Refused there as in
+    make_sharded_tensors."""
+    def make(tensor, key, *args, **kwargs):
+        if is_libgtp(tensor):
+            check_regular(key, tensor.geometry, tensor.wire)
+        return make_tp_sharded_tensor(tensor, key, *args, **kwargs)
+    make.__doc__ = make_tp_sharded_tensor.__doc__
+    return make
+
+
 def make_sharded_tensors(state_dict, prefix, *args, **kwargs):
     """libgtp's make_sharded_tensors_for_checkpoint_with_gtp_remat (same signature). A libgtp shard of a
     regular split is exactly the block Megatron-Core's helper describes for its own GTP weight (TP and G

@@ -13,25 +13,11 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
 
 import gtp.megatron as gm  # noqa: E402
 from ranks import run_ranks  # noqa: E402
+from megatron_cpu_doubles import CudaTensorsOnCpu  # noqa: E402
 from test_megatron import _init  # noqa: E402
 
 VOCAB, HIDDEN, FFN = 96, 32, 64
 STEPS, MICROBATCHES = 4, 2
-
-
-class _CudaTensorsOnCpu(torch.overrides.TorchFunctionMode):
-    """Test double, only around the optimizer's construction and step: Megatron-Core's mixed-precision
-    and distributed optimizers create their small bookkeeping tensors with device='cuda' (unit scale,
-    grad-norm accumulator) and accept parameters by their CUDA type names ('torch.cuda.BFloat16Tensor').
-    On a machine without a GPU those tensors go to the CPU and a CPU tensor answers its CUDA name."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if str(kwargs.get("device", "")).startswith("cuda"):
-            kwargs["device"] = "cpu"
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            return func(*args).replace("torch.", "torch.cuda.", 1)
-        return func(*args, **kwargs)
 
 
 def _model(config):
@@ -81,7 +67,7 @@ def _train(rank, world, store_dir, gtp, overlap, repack="deferred", prefetch_dep
                                                bucket_size=bucket_size)
     model = DistributedDataParallel(config, ddp_config, _model(config))
     gm.check_training(config, ddp_config)
-    with _CudaTensorsOnCpu():
+    with CudaTensorsOnCpu():
         optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, clip_grad=0.0,
                                                            use_distributed_optimizer=True),
                                            [model], use_gloo_process_groups=False)
@@ -96,7 +82,7 @@ def _train(rank, world, store_dir, gtp, overlap, repack="deferred", prefetch_dep
             loss.backward()
             result["losses"].append(loss.item())
         finalize_model_grads([model])
-        with _CudaTensorsOnCpu():
+        with CudaTensorsOnCpu():
             ok, _, _ = optimizer.step()
         assert ok
         if ctx is not None:

@@ -21,7 +21,7 @@ HIDDEN, FFN, EXPERTS, WORLD = 32, 64, 4, 4
 EXPERT_WEIGHTS = ("linear_fc1.weight", "linear_fc2.weight")
 
 
-def _init(rank, world, store_dir, ep, eg):
+def _init(rank, world, store_dir, ep, eg, gtp=1):
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     if not torch.cuda.is_available():
         # As test_megatron.py: Megatron-Core's torch_dist writer calls these two unconditionally.
@@ -30,20 +30,22 @@ def _init(rank, world, store_dir, ep, eg):
     store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
     torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
     from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(expert_model_parallel_size=ep, expert_gtp_remat_size=eg,
+    ps.initialize_model_parallel(gtp_remat_size=gtp, expert_model_parallel_size=ep, expert_gtp_remat_size=eg,
                                  create_gloo_process_groups=False)
     return ps
 
 
-def _moe(ep, ffn=FFN, seed=7):
-    """Megatron-Core's MoE layer with its local (non-TE) experts, BF16 weights initialized on the CPU."""
+def _moe(ep, ffn=FFN, seed=7, shards=None):
+    """Megatron-Core's MoE layer with its local (non-TE) experts, BF16 weights initialized on the CPU;
+    shards: the config's weight-shard knobs (dense and expert), as Megatron-LM sets them."""
     from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
     config = TransformerConfig(num_layers=1, hidden_size=HIDDEN, num_attention_heads=4, ffn_hidden_size=ffn,
                                moe_ffn_hidden_size=ffn, num_moe_experts=EXPERTS, moe_router_topk=2,
                                moe_token_dispatcher_type="allgather", expert_model_parallel_size=ep,
                                moe_aux_loss_coeff=0.0, use_cpu_initialization=True, params_dtype=torch.bfloat16,
-                               bf16=True, add_bias_linear=True)
+                               bf16=True, add_bias_linear=True, tensor_parallel_num_weight_shards=shards,
+                               expert_tensor_parallel_num_weight_shards=shards)
     torch.manual_seed(seed)
     return get_moe_module_spec(use_te=False, num_experts=EXPERTS, moe_grouped_gemm=False)(config=config)
 
@@ -214,3 +216,54 @@ def test_moe_torch_dist_checkpoint_across_eg_and_ep(tmp_path):
     _check_loaded(loaded, _global_experts(written), "MegatronParameter", 2)
     for r, s in zip(loaded, written):
         assert torch.equal(r["next"][0], s["next"][0]) and torch.equal(r["next"][1], s["next"][1])
+
+
+def _ddp(rank, world, store_dir, g):
+    """One backward of the MoE layer through Megatron-Core's DistributedDataParallel (FP32 main grads)
+    and finalize_model_grads at G = EG = g (world 4, EP 2): the main grads they leave."""
+    _init(rank, world, store_dir, ep=2, eg=g, gtp=g)
+    torch.cuda.current_stream = lambda *args, **kwargs: None  # as test_megatron_param_gather.py: no CUDA graphs
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.transformer.module import MegatronModule
+    ctx = gm.use_libgtp(backend="host") if g > 1 else None
+    moe = _moe(ep=2, shards=g)
+    assert (moe.config.gtp_weight_remat_size, moe.config.expert_gtp_weight_remat_size) == (g, g)
+
+    class Model(MegatronModule):
+        def __init__(self):
+            super().__init__(moe.config)
+            self.moe = moe
+
+        def forward(self, x):
+            return self.moe(x)[0].float().square().mean()
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True)
+    model = DistributedDataParallel(moe.config, ddp_config, Model())
+    gm.check_training(moe.config, ddp_config)
+    model.zero_grad_buffer()
+    model(torch.randn(6, 2, HIDDEN, generator=torch.Generator().manual_seed(rank)).bfloat16()).backward()
+    finalize_model_grads([model])
+    grads = {n: (_rows(p) if isinstance(p, gm.MegatronParameter) else None, p.main_grad.clone())
+             for n, p in model.named_parameters()}
+    if ctx is not None:
+        gm.reset()
+    return grads
+
+
+def test_moe_through_megatron_ddp_and_finalize_at_g_eq_eg_2_matches_dp4():
+    """G = EG = 2 (world 4: dense DP 2, EP 2, expert DP 1) on libgtp against GTP off (DP 4, expert DP
+    2) through Megatron-Core's DDP and finalize_model_grads: the router's and the experts' biases
+    (Megatron's own reduction: DDP, then its all-reduce over the expert GTP group) are bit-identical;
+    each expert shard's main grad is the DP-4 one with libgtp's mean over EG rounded once to the
+    weight's BF16 (gtp.torch delivers a wgrad Megatron's linear returned into .grad, which DDP adds)."""
+    on = run_ranks(_ddp, WORLD, 2)
+    off = run_ranks(_ddp, WORLD, 1)
+    for r, o in zip(on, off):
+        assert len(r) == len(o) == 1 + 1 + 2 * 2 * 2
+        for name, (start, grad) in r.items():
+            full = o[name][1]
+            if start is None:
+                assert torch.equal(grad, full), name
+            else:
+                expected = full[start:start + grad.shape[0]]
+                # off: (g0 + g2) / 4 in FP32; on: bf16((g0 + g2) / 2) / 2 (DDP's 1 / DP over DP 2)
+                assert torch.equal(grad, (expected * 2).bfloat16().float() / 2), name

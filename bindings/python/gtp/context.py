@@ -205,14 +205,11 @@ class Context(StepCalls):
         return self.sizes.gtp_remat if group == "gtp_remat" else self.sizes.expert_gtp_remat
 
     def group_rank(self, group="gtp_remat"):
-        """This rank's position in its gtp_remat (or expert) group: it decides the rows the rank owns."""
-        if group == "gtp_remat":
-            return (self.rank // self.sizes.tp) % self.sizes.gtp_remat  # the grid: tp fastest, gtp_remat next
-        eg = self.sizes.expert_gtp_remat
-        if eg in (1, self.world_size):
-            return self.rank % eg
-        raise ValueError(f"the expert group's rank for EG={eg} < world size {self.world_size} follows the expert "
-                         "view of the grid (etp, ep, expt_gtp_remat); compute it and use gtp.shard_geometry")
+        """This rank's position in its gtp_remat (or expert) group: it decides the rows the rank owns.
+        libgtp's own answer (gtp_context_sizes, since 0.7): the order of the group's communicator, which
+        for the expert group follows the expert view of the grid (etp, ep, expt_gtp_remat), not the dense one."""
+        choice(GROUPS, group, "group")
+        return self.sizes.gtp_remat_rank if group == "gtp_remat" else self.sizes.expert_gtp_remat_rank
 
     def geometry(self, rows, cols, wire="bf16", group="gtp_remat"):
         """wire=None or "from_group": the group's profile wire."""

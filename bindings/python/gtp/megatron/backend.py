@@ -290,7 +290,9 @@ def _shard_passed_in(forward):
         expected = (self.output_size_per_partition, self.input_size)
         if tuple(weight.full_shape) != expected:
             raise RuntimeError(f"supplied weight's shape is {tuple(weight.full_shape)} (a libgtp shard of "
-                               f"{tuple(weight.shape)}), not {expected} as expected")
+                               f"{tuple(weight.shape)}), not {expected} as expected: pass a weight of the layer's "
+                               "full shape (a tied embedding's vocabulary and hidden sizes must be the output "
+                               "layer's)")
         if weight is not self.weight:
             weight.tied = True
         self.output_size_per_partition = weight.shape[0]

@@ -3,7 +3,6 @@ of gtp_api, parallel state to libgtp groups, Megatron's own GTP layers (ColumnPa
 VocabParallelEmbedding at G = 2) driving libgtp, the size and data accounting against Megatron's own
 functions, checkpoint re-shard, and the refusals. Skips, saying why, without megatron-core."""
 import importlib.util
-import os
 
 import pytest
 
@@ -15,24 +14,14 @@ from types import SimpleNamespace  # noqa: E402
 
 import gtp.megatron as gm  # noqa: E402
 from counting_library import count_library_calls  # noqa: E402
+from megatron_cpu_doubles import init_megatron  # noqa: E402
 from ranks import rank_threads, run_ranks  # noqa: E402
 
 IN, OUT, VOCAB = 32, 64, 96
 
 
 def _init(rank, world, store_dir, gtp=1, tp=1):
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    if not torch.cuda.is_available():
-        # Megatron-Core's torch_dist writer calls torch.cuda.synchronize() and puts its one status flag
-        # on torch.cuda.current_device() unconditionally; with no GPU there is no device work to wait
-        # for and the flag goes to the CPU (gloo): these two stand-ins are all that is replaced.
-        torch.cuda.synchronize = lambda *args, **kwargs: None
-        torch.cuda.current_device = lambda: "cpu"
-    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
-    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, gtp_remat_size=gtp, create_gloo_process_groups=False)
-    return ps
+    return init_megatron(rank, world, store_dir, tensor_model_parallel_size=tp, gtp_remat_size=gtp)
 
 
 def _config():

@@ -6,7 +6,6 @@ EG = 2 every expert weight is a libgtp shard of libgtp's expert group. Compared 
 at EG = 1 without libgtp, and torch_dist checkpoints of the MoE layer across EG and EP. Skips, saying
 why, without megatron-core."""
 import importlib.util
-import os
 
 import pytest
 
@@ -15,6 +14,7 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
     pytest.skip("megatron-core is not installed (tools/setup.sh installs megatron-core 0.19.2)", allow_module_level=True)
 
 import gtp.megatron as gm  # noqa: E402
+from megatron_cpu_doubles import init_megatron, without_cuda_streams  # noqa: E402
 from ranks import run_ranks  # noqa: E402
 
 HIDDEN, FFN, EXPERTS, WORLD = 32, 64, 4, 4
@@ -22,17 +22,8 @@ EXPERT_WEIGHTS = ("linear_fc1.weight", "linear_fc2.weight")
 
 
 def _init(rank, world, store_dir, ep, eg, gtp=1):
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    if not torch.cuda.is_available():
-        # As test_megatron.py: Megatron-Core's torch_dist writer calls these two unconditionally.
-        torch.cuda.synchronize = lambda *args, **kwargs: None
-        torch.cuda.current_device = lambda: "cpu"
-    store = torch.distributed.FileStore(os.path.join(store_dir, "store"), world)
-    torch.distributed.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(gtp_remat_size=gtp, expert_model_parallel_size=ep, expert_gtp_remat_size=eg,
-                                 create_gloo_process_groups=False)
-    return ps
+    return init_megatron(rank, world, store_dir, gtp_remat_size=gtp, expert_model_parallel_size=ep,
+                         expert_gtp_remat_size=eg)
 
 
 def _moe(ep, ffn=FFN, seed=7, shards=None):
@@ -222,7 +213,7 @@ def _ddp(rank, world, store_dir, g):
     """One backward of the MoE layer through Megatron-Core's DistributedDataParallel (FP32 main grads)
     and finalize_model_grads at G = EG = g (world 4, EP 2): the main grads they leave."""
     _init(rank, world, store_dir, ep=2, eg=g, gtp=g)
-    torch.cuda.current_stream = lambda *args, **kwargs: None  # as test_megatron_param_gather.py: no CUDA graphs
+    without_cuda_streams()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.transformer.module import MegatronModule
     ctx = gm.use_libgtp(backend="host") if g > 1 else None

@@ -13,7 +13,7 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
 
 import gtp.megatron as gm  # noqa: E402
 from ranks import run_ranks  # noqa: E402
-from megatron_cpu_doubles import CudaTensorsOnCpu  # noqa: E402
+from megatron_cpu_doubles import CudaTensorsOnCpu, without_cuda_streams  # noqa: E402
 from test_megatron import _init  # noqa: E402
 
 VOCAB, HIDDEN, FFN = 96, 32, 64
@@ -52,8 +52,7 @@ def _train(rank, world, store_dir, gtp, overlap, repack="deferred", prefetch_dep
     loss of one more microbatch. repack="at_step" is the control: every weight re-packed at the step,
     as before param_gather.py."""
     _init(rank, world, store_dir, gtp=gtp)
-    # DDP's gradient reduction asks for the current CUDA stream only to wait on CUDA-graph events (none here).
-    torch.cuda.current_stream = lambda *args, **kwargs: None
+    without_cuda_streams()
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.transformer_config import TransformerConfig

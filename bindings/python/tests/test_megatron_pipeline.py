@@ -4,7 +4,6 @@ finalize_model_grads and mixed-precision optimizer, on gloo and the host backend
 (and VPP 2), against the same blocks on one stage at G 2 (world 2, no pipeline). Skips, saying why,
 without megatron-core."""
 import importlib.util
-import os
 
 import pytest
 
@@ -14,8 +13,8 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
                 allow_module_level=True)
 
 import gtp.megatron as gm  # noqa: E402
-from ranks import run_ranks, store_path  # noqa: E402
-from megatron_cpu_doubles import CudaTensorsOnCpu  # noqa: E402
+from ranks import run_ranks  # noqa: E402
+from megatron_cpu_doubles import CudaTensorsOnCpu, init_megatron, without_cuda_streams  # noqa: E402
 
 VOCAB, HIDDEN, FFN, SEQ, MICRO = 96, 32, 64, 6, 2
 BLOCKS, STEPS, MICROBATCHES = 4, 3, 4
@@ -74,19 +73,9 @@ def _train(rank, world, store_dir, gtp, pp, vp):
     """STEPS steps of MICROBATCHES microbatches through Megatron-Core's schedule for (pp, vp); each GTP /
     DP rank its own data (by its rank in the stage). Returns the per-step losses (last stage), this rank's
     parameters by (block, name), libgtp's gathers, reduce-scatters and tag checks after each step."""
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    # Stand-ins for a machine without a GPU (nothing else of torch.cuda is replaced):
-    # - torch.cuda.current_device: p2p_communication allocates the received activations and gradients on
-    #   it: "cpu" puts them where gloo receives.
-    # - torch.cuda.current_stream: DDP's grad sync asks for it only to wait on CUDA-graph events (none here).
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.current_stream = lambda *args, **kwargs: None
-    torch.distributed.init_process_group("gloo", store=torch.distributed.FileStore(store_path(store_dir), world),
-                                         rank=rank, world_size=world)
-    from megatron.core import parallel_state as ps
-    ps.initialize_model_parallel(pipeline_model_parallel_size=pp, gtp_remat_size=gtp,
-                                 virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
-                                 create_gloo_process_groups=False)
+    without_cuda_streams()
+    ps = init_megatron(rank, world, store_dir, pipeline_model_parallel_size=pp, gtp_remat_size=gtp,
+                       virtual_pipeline_model_parallel_size=vp if vp > 1 else None)
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func

@@ -12,6 +12,7 @@ if importlib.util.find_spec("megatron") is None or importlib.util.find_spec("meg
     pytest.skip("megatron-core is not installed (tools/setup.sh installs megatron-core 0.19.2)", allow_module_level=True)
 
 import gtp.megatron as gm  # noqa: E402
+from megatron_cpu_doubles import without_cuda_streams  # noqa: E402
 from ranks import rank_threads, run_ranks  # noqa: E402
 from test_megatron import IN, VOCAB, _init  # noqa: E402
 
@@ -22,9 +23,7 @@ MICRO, STEPS, LR, SEQ, BATCH = 4, 2, 0.5, 6, 2
 def _init_ddp(rank, world, store_dir, gtp):
     _init(rank, world, store_dir, gtp=gtp)
     if not torch.cuda.is_available():
-        # Megatron-Core's DDP (start_grad_sync) asks for the current CUDA stream only to wait on CUDA-graph
-        # wgrad events, which no parameter has without a GPU: a stand-in that is never waited on.
-        torch.cuda.current_stream = lambda *args, **kwargs: None
+        without_cuda_streams()
 
 
 def _transformer_config(gtp, **extra):
